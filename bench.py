@@ -1,0 +1,208 @@
+"""Performance benchmarks, each a ratio against a baseline timed in the same process and run.
+
+- est_eff_<model>: the estimator's perturbed evaluations per second / plain forward passes per second of the same
+  model at the same batch size. Every perturbed copy needs one forward pass, so 1.0 is the physical limit.
+- est_speedup_<model>: the estimator vs the naive method of the authors' code (a batch of 100 inputs, a Python loop
+  over (position, draw) with one forward of the 100 perturbed inputs per draw and .item() after each), at the same
+  total number of evaluations.
+- est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
+  perturbed evaluations of a tiny model; bounded by one chunk.
+
+    python bench.py                  # CPU, about a minute on 2 cores
+    python bench.py --device cuda    # on a GPU
+Prints one `name value` line per figure and writes them to out/bench/bench.json.
+"""
+
+import argparse
+import statistics
+import threading
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import default_batch_size, environment, gaussian, get_device, patchify, sensitivity, write_json
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--batch-size", type=int, default=None, help="estimator chunk (rows); default: the estimator's")
+    p.add_argument("--n-inputs", type=int, default=None, help="inputs per estimator run; default 100 cpu, 1000 cuda")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds; each figure is the median over rounds")
+    p.add_argument("--out", type=str, default="out/bench/bench.json", help="where the figures are written")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
+
+
+# -----------------------------------------------------------------------------
+# two small models: a ViT on 32x32x3 (64 patch tokens) and an MLP on 28x28x1 (16 patch tokens)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(hs)) v, (B, nh, T, hs)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyViT(nn.Module):
+    def __init__(self, *, image=32, channels=3, patch=4, dim=64, depth=2, heads=4, classes=10):
+        super().__init__()
+        self.embed = nn.Linear(channels * patch * patch, dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, (image // patch) ** 2, dim))
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
+        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, classes))
+
+    def forward(self, tokens):  # (B, T, C*p*p) patch tokens
+        return self.head(self.blocks(self.embed(tokens) + self.pos).mean(1))
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, *, inputs=784, hidden=512, classes=10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(inputs, hidden), nn.LeakyReLU(), nn.Linear(hidden, hidden), nn.LeakyReLU(),
+                                 nn.Linear(hidden, classes))
+
+    def forward(self, tokens):  # (B, T, D) patch tokens, flattened back to the image's pixels
+        return self.net(tokens.flatten(1))
+
+
+# -----------------------------------------------------------------------------
+# timing
+
+
+def timed_rounds(fns, device, rounds):
+    """Wall times of each fn, called in turn for `rounds` rounds after a warm-up, synchronising around each call.
+    Interleaving puts every method under the same machine conditions; compare them round by round."""
+    for fn in fns:
+        fn()
+    times = []
+    for _ in range(rounds):
+        row = []
+        for fn in fns:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            row.append(time.perf_counter() - t0)
+        times.append(row)
+    return times
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def naive_sensitivity(model, x, sigma, reps):
+    """The authors' method, done honestly: per batch of 100 inputs, one perturbed forward per (position, draw)."""
+    flips = 0
+    with torch.inference_mode():
+        for b in range(0, len(x), 100):
+            xb = x[b:b + 100]
+            clean = model(xb).argmax(1)
+            for t in range(x.shape[1]):
+                for _ in range(reps):
+                    noisy = xb.clone()
+                    noisy[:, t] += sigma * torch.randn_like(noisy[:, t])
+                    flips += (model(noisy).argmax(1) != clean).sum().item()
+    return flips / (len(x) * x.shape[1] * reps)
+
+
+def bench_estimator(name, model, x, batch_size, rounds, device):
+    """Efficiency against plain forwards and speed-up against the naive loop, at the same number of evaluations."""
+    model.eval()
+    f = lambda xb, idx: model(xb)
+    batch_size = batch_size or default_batch_size(x)
+    evals = x.shape[0] * x.shape[1]
+    xb = x[torch.arange(batch_size, device=device) % len(x)].clone()
+    n_full, rest = divmod(evals, batch_size)
+
+    def forwards():  # plain forward passes of the same model at the same batch size, over as many rows
+        with torch.inference_mode():
+            for _ in range(n_full):
+                model(xb)
+            if rest:
+                model(xb[:rest])
+
+    times = timed_rounds([lambda: sensitivity(f, x, gaussian(0.1), batch_size=batch_size), forwards,
+                          lambda: naive_sensitivity(model, x, 0.1, 1)], device, rounds)
+    t_est = median([t[0] for t in times])
+    return {f"est_eff_{name}": median([t[1] / t[0] for t in times]),
+            f"est_speedup_{name}": median([t[2] / t[0] for t in times]),
+            f"est_evals_per_s_{name}": evals / t_est}
+
+
+def rss_mb():
+    """This process's resident memory now, in MB (Linux /proc/self/status)."""
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def bench_memory(device):
+    """Peak-memory growth (MB) while the estimator runs 10^6 perturbed evaluations of a linear model: CUDA's peak
+    allocation, or on a CPU the process's resident memory sampled every 2 ms by a thread (the kernel's own peak
+    cannot be reset, and earlier work would mask it). Run last: the 10^6 run slows later timings."""
+    model = nn.Linear(16 * 8, 10).to(device)
+    x = torch.randn(5000, 16, 8, device=device)
+    f = lambda xb, idx: model(xb.flatten(1))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        s = sensitivity(f, x, gaussian(0.1), reps=13, batch_size=8192)
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+    else:
+        before, samples, done = rss_mb(), [], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                samples.append(rss_mb())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        s = sensitivity(f, x, gaussian(0.1), reps=13, batch_size=8192)
+        done.set()
+        sampler.join()
+        peak = max(samples) - before
+    assert s.evaluations >= 10**6
+    return {"est_1e6_mem_mb": peak}
+
+
+def main(args):
+    device = get_device(args.device)
+    cuda = device.type == "cuda"
+    n = args.n_inputs or (1000 if cuda else 100)
+    torch.manual_seed(0)
+    results = {}
+    vit = TinyViT().to(device)
+    results.update(bench_estimator("vit", vit, patchify(torch.randn(n, 3, 32, 32, device=device), 4),
+                                   args.batch_size, args.rounds, device))
+    mlp = TinyMLP().to(device)
+    results.update(bench_estimator("mlp", mlp, patchify(torch.randn(16 * n, 1, 28, 28, device=device), 7),
+                                   args.batch_size, args.rounds, device))
+    results.update(bench_memory(device))
+    for k, v in results.items():
+        print(f"{k} {v:.4g}")
+    write_json(args.out, {"env": environment(device), "args": vars(args), "results": results})
+    return results
+
+
+if __name__ == "__main__":
+    main(parse_args())
