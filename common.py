@@ -259,6 +259,20 @@ class Results:
         write_json(self.path, self.data)
 
 
+def plot_curves(ax, histories, x_key, y_key, label, **kw):
+    """Mean over seeds of y_key against x_key, with a +-1 std band; histories are the runs' "history" lists."""
+    rows = [[(h[x_key], h[y_key]) for h in hist if h.get(y_key) is not None] for hist in histories]
+    n = min(len(r) for r in rows)
+    if n == 0:
+        return
+    xs = np.array([x for x, _ in rows[0][:n]], dtype=float)
+    ys = np.array([[y for _, y in r[:n]] for r in rows], dtype=float)  # (seeds, points)
+    mean, std = ys.mean(0), ys.std(0)
+    line, = ax.plot(xs, mean, label=label, **kw)
+    if len(ys) > 1:
+        ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
 def load_results(path):
     """Read a metrics.json (or the folder holding it); a missing or corrupt file is a ValueError that says so."""
     if os.path.isdir(path):

@@ -1,0 +1,351 @@
+"""Does one self-attention layer prefer the low-sensitivity solution? (Sec. 4.1, Figs. 3 and 12 of the paper.)
+
+Each sequence carries its label twice: in a few "sparse" tokens (all n_s of them from S_y) and in a majority vote of
+many "frequent" tokens (alpha * n_f from F_y, the rest from F_-y). Both features predict the label perfectly on the
+training data. The OOD test set draws the sparse tokens from the *other* label's set, so its accuracy falls to ~0 if
+and only if the model relies on the sparse tokens. The two presets make one or the other solution the less sensitive
+one (to replacing one token by a uniformly random vocabulary token), and the model follows the less sensitive one:
+
+- sparse-lower   n_s = 3, frequent margin (2 alpha - 1) n_f = 1: the sparse vote is less sensitive -> OOD accuracy ~0
+- frequent-lower n_s = 1, alpha = 1 (margin n_f = 10): the frequent vote is less sensitive -> OOD accuracy stays ~1
+
+The paper's sizes were lost; ours are in ../shared/paper/SETTINGS.md section 2 (every size is a flag).
+
+    python synthetic.py                          # both presets, 3 seeds each, one figure (about 1 minute on a CPU)
+    python synthetic.py --case sparse-lower --seeds 0
+    python synthetic.py --fig12                  # 4 settings per case (Fig. 12 grid), a few minutes
+    python synthetic.py --plot out/synthetic/cases   # redraw the figures from metrics.json
+"""
+
+import argparse
+import copy
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import Results, get_device, load_results, new_run_dir, plot_curves, replace, seed_all, sensitivity
+
+# the two presets of Fig. 3; sizes not named here come from the flags
+CASES = {
+    "sparse-lower": dict(n_sparse=3, n_frequent=9, alpha=5 / 9),
+    "frequent-lower": dict(n_sparse=1, n_frequent=10, alpha=1.0),
+}
+# Fig. 12: three more settings per case, each varying one of n, n_s, alpha (the margins keep each case's ordering)
+FIG12 = {
+    "sparse-lower": [dict(n=30), dict(n_sparse=4), dict(n_frequent=7, alpha=4 / 7)],
+    "frequent-lower": [dict(n=30), dict(n_frequent=8), dict(alpha=0.9)],
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # experiment
+    p.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
+    p.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="initialisation/order seeds")
+    # data (defaults for sizes the presets do not set)
+    p.add_argument("--n", type=int, default=20, help="sequence length (tokens)")
+    p.add_argument("--n-sparse", type=int, default=None, help="sparse slots n_s (default: the preset's)")
+    p.add_argument("--n-frequent", type=int, default=None, help="frequent slots n_f (default: the preset's)")
+    p.add_argument("--alpha", type=float, default=None, help="fraction of frequent slots from F_y (preset's)")
+    p.add_argument("--sparse-set", type=int, default=2, help="|S_+| = |S_-| (tokens)")
+    p.add_argument("--frequent-set", type=int, default=10, help="|F_+| = |F_-| (tokens)")
+    p.add_argument("--irrelevant-set", type=int, default=20, help="|R| (tokens)")
+    p.add_argument("--n-train", type=int, default=4000, help="training sequences")
+    p.add_argument("--n-test", type=int, default=2000, help="test and OOD test sequences (each)")
+    p.add_argument("--data-seed", type=int, default=1234, help="seed of the data generator (fixed across --seeds)")
+    # model and optimisation
+    p.add_argument("--d-head", type=int, default=16, help="query/key/value width of the attention head")
+    p.add_argument("--init-std", type=float, default=0.1, help="std of the small random initialisation")
+    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (constant)")
+    p.add_argument("--steps", type=int, default=2000, help="SGD steps")
+    p.add_argument("--batch-size", type=int, default=100, help="sequences per step (paper: 100)")
+    # sensitivity
+    p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    p.add_argument("--n-sens", type=int, default=1000, help="training sequences the sensitivity is measured on")
+    p.add_argument("--reps", type=int, default=2, help="random replacements per (sequence, position)")
+    # system
+    p.add_argument("--device", type=str, default="cpu", help="cpu | cuda | auto (this model is tiny: cpu is fastest)")
+    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/synthetic/<run-name>/")
+    p.add_argument("--run-name", type=str, default=None, help="default: cases, or fig12 with --fig12")
+    p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
+    args = p.parse_args(argv)
+    for name in ["n", "sparse_set", "frequent_set", "irrelevant_set", "n_train", "n_test", "d_head", "steps",
+                 "batch_size", "eval_every", "n_sens", "reps"]:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0 or args.init_std <= 0:
+        p.error("--lr and --init-std must be > 0")
+    if args.n_sens > args.n_train:
+        p.error("--n-sens cannot exceed --n-train")
+    try:
+        settings(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def settings(args):
+    """The list of (name, data sizes) this invocation runs; a ValueError for sizes that do not fit together."""
+    out = []
+    for case in args.case:
+        base = dict(n=args.n, **CASES[case])
+        for key in ["n_sparse", "n_frequent", "alpha"]:
+            if getattr(args, key) is not None:
+                base[key] = getattr(args, key)
+        variants = [{}] + (FIG12[case] if args.fig12 else [])
+        for v in variants:
+            s = {**base, **v}
+            label = case if not v else case + ":" + ",".join(f"{k}={s[k]:.3g}" for k in v)
+            check_sizes(s)
+            out.append((label, s))
+    return out
+
+
+def check_sizes(s):
+    if s["n_sparse"] < 1 or s["n_frequent"] < 1 or s["n_sparse"] + s["n_frequent"] > s["n"]:
+        raise ValueError(f"need n_s >= 1, n_f >= 1 and n_s + n_f <= n, got {s}")
+    if not 0.5 < s["alpha"] <= 1:
+        raise ValueError(f"alpha must be in (0.5, 1] so that the frequent vote predicts the label, got {s['alpha']}")
+    k = s["alpha"] * s["n_frequent"]
+    if abs(k - round(k)) > 1e-6:
+        raise ValueError(f"alpha * n_f must be a whole number of tokens, got {s['alpha']} * {s['n_frequent']}")
+
+
+# -----------------------------------------------------------------------------
+# data (Defs. 4.2, 4.3)
+
+
+class Vocab:
+    """Token ids laid out as [S_+ | S_- | F_+ | F_- | R]; tokens are the one-hot rows of eye(d)."""
+
+    def __init__(self, sparse_set, frequent_set, irrelevant_set):
+        self.s, self.f, self.r = sparse_set, frequent_set, irrelevant_set
+        self.d = 2 * sparse_set + 2 * frequent_set + irrelevant_set
+        self.kind = torch.tensor([0] * 2 * self.s + [1] * 2 * self.f + [2] * self.r)  # 0 sparse, 1 frequent, 2 irr.
+        sign = [1] * self.s + [-1] * self.s + [1] * self.f + [-1] * self.f + [0] * self.r
+        self.sign = torch.tensor(sign)  # which label a token votes for
+        self.v_sparse = ((self.kind == 0) * self.sign).float()  # 1_{S+} - 1_{S-}
+        self.v_frequent = ((self.kind == 1) * self.sign).float()  # 1_{F+} - 1_{F-}
+        self.v_irrelevant = (self.kind == 2).float()  # 1_R
+
+    def to(self, device):
+        v = copy.copy(self)
+        for name in ["kind", "sign", "v_sparse", "v_frequent", "v_irrelevant"]:
+            setattr(v, name, getattr(self, name).to(device))
+        return v
+
+    def sparse(self, y):  # first id of S_y for y in {+1, -1}
+        return torch.where(y > 0, 0, self.s)
+
+    def frequent(self, y):
+        return 2 * self.s + torch.where(y > 0, 0, self.f)
+
+
+def make_data(vocab, n, n_sparse, n_frequent, alpha, size, generator, ood=False):
+    """(ids (size, n), y (size,) in {-1, +1}). ood=True draws the sparse slots from S_-y instead of S_y."""
+    g = generator
+    y = torch.randint(0, 2, (size,), generator=g) * 2 - 1
+    n_y = round(alpha * n_frequent)
+    slot_sparse = vocab.sparse(-y if ood else y)[:, None] + torch.randint(vocab.s, (size, n_sparse), generator=g)
+    slot_fy = vocab.frequent(y)[:, None] + torch.randint(vocab.f, (size, n_y), generator=g)
+    slot_fny = vocab.frequent(-y)[:, None] + torch.randint(vocab.f, (size, n_frequent - n_y), generator=g)
+    n_rest = n - n_sparse - n_frequent
+    slot_r = 2 * vocab.s + 2 * vocab.f + torch.randint(vocab.r, (size, n_rest), generator=g)
+    ids = torch.cat([slot_sparse, slot_fy, slot_fny, slot_r], dim=1)
+    order = torch.argsort(torch.rand(size, n, generator=g), dim=1)  # shuffle the slots within each sequence
+    return ids.gather(1, order), y
+
+
+def vote(vocab, ids, kind):
+    """Signed vote of one token kind: (#tokens of that kind for +) - (#for -)."""
+    return ((vocab.kind[ids] == kind) * vocab.sign[ids]).sum(1)
+
+
+def vote_classifier(vocab, kind):
+    """The candidate function sign(vote) on one-hot inputs, as class ids {0: -, 1: tie, 2: +}. A tie is its own
+    output, so a perturbation that ties the vote counts as a change (clean inputs never tie)."""
+    return lambda x, idx: vote(vocab, x.argmax(-1), kind).sign() + 1
+
+
+# -----------------------------------------------------------------------------
+# model (Eq. 3): one single-head self-attention layer and a linear head
+
+
+class AttentionClassifier(nn.Module):
+    """score(X) = theta^T mean_t [softmax(X W X^T) X W_V]_t, label sign(score). W = W_Q W_K^T is kept as one (d, d)
+    key-query matrix, as in the token-selection analyses this model comes from: with two small factors its gradient
+    would start near zero and the attention would hardly move from uniform."""
+
+    def __init__(self, d, d_head, init_std):
+        super().__init__()
+        self.W = nn.Parameter(init_std * torch.randn(d, d))  # key-query affinity of every (query, key) token pair
+        self.W_V = nn.Parameter(init_std * torch.randn(d, d_head))
+        self.theta = nn.Parameter(init_std * torch.randn(d_head))
+
+    def attention(self, x):  # x (B, n, d) one-hot tokens
+        att = (x @ self.W) @ x.transpose(-2, -1)  # (B, n, n): row = query, column = key
+        return att.softmax(-1)
+
+    def forward(self, x):
+        h = (self.attention(x) @ (x @ self.W_V)).mean(1)  # (B, d_head): attend, then average over the queries
+        return h @ self.theta  # (B,) score; > 0 means label +
+
+    def head_in_token_space(self):
+        """w = W_V theta (d,): how much each vocabulary token pushes the score towards +."""
+        return self.W_V @ self.theta
+
+
+# -----------------------------------------------------------------------------
+# metrics
+
+
+@torch.no_grad()
+def evaluate(model, vocab, onehot, sets, sens_x, sens_generator, reps):
+    """Accuracies on each set, head alignment, attention mass per token kind, and the model's sensitivity."""
+    row = {}
+    for name, (ids, y) in sets.items():
+        score = model(onehot[ids])
+        row[f"{name}_acc"] = ((score > 0).long() * 2 - 1 == y).float().mean().item()
+        if name == "train":
+            row["train_loss"] = F.softplus(-y * score).mean().item()
+    w = model.head_in_token_space()
+    for kind in ["sparse", "frequent", "irrelevant"]:
+        row[f"align_{kind}"] = F.cosine_similarity(w, getattr(vocab, f"v_{kind}"), dim=0).item()
+    ids = sets["train"][0][: len(sens_x)]
+    att = model.attention(sens_x)  # (N, n, n)
+    key_kind = vocab.kind[ids]  # (N, n)
+    for k, kind in enumerate(["sparse", "frequent", "irrelevant"]):
+        row[f"att_{kind}"] = (att * (key_kind == k)[:, None, :]).sum(-1).mean().item()  # mass on that kind
+    s = sensitivity(lambda xb, idx: (model(xb) > 0).long(), sens_x, replace(onehot), reps=reps,
+                    generator=sens_generator)
+    row["sens"], row["sens_stderr"] = s.mean, s.stderr
+    return row
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def train_one(args, label, sizes, seed, results, device):
+    vocab = Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)
+    onehot = torch.eye(vocab.d, device=device)
+    g = torch.Generator().manual_seed(args.data_seed)  # the data do not depend on --seeds
+    sets = {"train": make_data(vocab, size=args.n_train, generator=g, **sizes),
+            "test": make_data(vocab, size=args.n_test, generator=g, **sizes),
+            "ood": make_data(vocab, size=args.n_test, generator=g, ood=True, **sizes)}
+    vocab_dev = vocab.to(device)
+    sets = {k: (ids.to(device), y.to(device)) for k, (ids, y) in sets.items()}
+    sens_x = onehot[sets["train"][0][: args.n_sens]]  # (n_sens, n, d), a fixed subset of the training set
+
+    run = f"{label}/seed{seed}"
+    # the two candidate functions do not train: their sensitivity is measured once, on the same inputs
+    cand = {}
+    for kind, name in [(0, "sparse"), (1, "frequent")]:
+        s = sensitivity(vote_classifier(vocab_dev, kind), sens_x, replace(onehot), reps=args.reps,
+                        generator=torch.Generator(device).manual_seed(seed))
+        cand[f"sens_{name}_fn"], cand[f"sens_{name}_fn_stderr"] = s.mean, s.stderr
+
+    seed_all(seed)
+    model = AttentionClassifier(vocab.d, args.d_head, args.init_std).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    order = torch.Generator(device).manual_seed(seed)
+    sens_gen = torch.Generator(device).manual_seed(10_000 + seed)
+    ids_train, y_train = sets["train"]
+    t0 = time.time()
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x, sens_gen, args.reps), **cand}
+            results.log(run, row)
+            print(f"{run} step {step:5d} | loss {row['train_loss']:.4f} | train {row['train_acc']:.3f} | "
+                  f"test {row['test_acc']:.3f} | ood {row['ood_acc']:.3f} | sens {row['sens']:.4f} | "
+                  f"align s/f {row['align_sparse']:+.2f}/{row['align_frequent']:+.2f} | {time.time() - t0:.1f}s")
+        if step == args.steps:
+            break
+        b = torch.randint(args.n_train, (args.batch_size,), generator=order, device=device)
+        loss = F.softplus(-y_train[b] * model(onehot[ids_train[b]])).mean()  # logistic loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "ood_acc", "align_sparse",
+                                 "align_frequent", "align_irrelevant", "att_sparse", "att_frequent",
+                                 "att_irrelevant", "sens_sparse_fn", "sens_frequent_fn"]}
+    results.final(run, final)
+    return final
+
+
+# -----------------------------------------------------------------------------
+# figures
+
+
+def plot(data, folder):
+    """Fig. 3 (one column per setting: accuracies, alignments, attention mass, sensitivities) from metrics.json."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for run, r in data["runs"].items():
+        groups.setdefault(run.rsplit("/seed", 1)[0], []).append(r["history"])
+    rows = [("accuracy", [("train_acc", "train"), ("test_acc", "test"), ("ood_acc", "OOD test")]),
+            ("head alignment (cos)", [("align_sparse", "v_sparse"), ("align_frequent", "v_frequent"),
+                                      ("align_irrelevant", "v_irrelevant")]),
+            ("attention mass", [("att_sparse", "sparse"), ("att_frequent", "frequent"),
+                                ("att_irrelevant", "irrelevant")]),
+            ("sensitivity", [("sens", "model"), ("sens_sparse_fn", "sparse vote"),
+                             ("sens_frequent_fn", "frequent vote")])]
+    fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 10), squeeze=False, sharex=True)
+    for j, (label, hists) in enumerate(groups.items()):
+        axes[0, j].set_title(f"{label} ({len(hists)} seeds)", fontsize=9)
+        for i, (ylabel, keys) in enumerate(rows):
+            for key, name in keys:
+                plot_curves(axes[i, j], hists, "step", key, name)
+            axes[i, j].set_ylabel(ylabel)
+            axes[i, j].legend(fontsize=7)
+        axes[-1, j].set_xlabel("SGD step")
+    fig.tight_layout()
+    path = f"{folder}/synthetic.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    if args.plot:
+        print("wrote", plot(load_results(args.plot), args.plot))
+        return None
+    device = get_device(args.device)
+    folder = new_run_dir("synthetic", args.run_name or ("fig12" if args.fig12 else "cases"), args.out_dir)
+    results = Results(folder, vars(args), device)
+    print(f"writing {folder}")
+    finals = {}
+    try:
+        for label, sizes in settings(args):
+            for seed in args.seeds:
+                finals[f"{label}/seed{seed}"] = train_one(args, label, sizes, seed, results, device)
+    finally:  # also after Ctrl-C: metrics.json is already saved, draw what there is
+        if any(r["history"] for r in results.data["runs"].values()):
+            print("wrote", plot(results.data, folder))
+    summary(results.data)
+    return results.data
+
+
+def summary(data):
+    """Mean +- std over seeds of the final numbers, one line per setting."""
+    groups = {}
+    for run, r in data["runs"].items():
+        if r["final"]:
+            groups.setdefault(run.rsplit("/seed", 1)[0], []).append(r["final"])
+    for label, finals in groups.items():
+        parts = []
+        for key in ["ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn",
+                    "sens_frequent_fn"]:
+            v = torch.tensor([f[key] for f in finals])
+            parts.append(f"{key} {v.mean():.3f}+-{v.std() if len(v) > 1 else 0:.3f}")
+        print(f"{label} ({len(finals)} seeds) | " + " | ".join(parts))
+
+
+if __name__ == "__main__":
+    main(parse_args())

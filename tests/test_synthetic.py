@@ -1,0 +1,103 @@
+"""synthetic.py: the data generator's invariants, the candidate functions' sensitivities against hand-computed values,
+and a short end-to-end run."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import synthetic
+from common import replace, sensitivity
+
+
+def test_generator_invariants():
+    """Balanced labels; each sequence has exactly n_s sparse tokens from S_y, alpha*n_f frequent ones from F_y, the
+    rest of the frequent slots from F_-y, the others irrelevant; the OOD set swaps only the sparse set."""
+    vocab = synthetic.Vocab(2, 10, 20)
+    g = torch.Generator().manual_seed(0)
+    sizes = dict(n=20, n_sparse=3, n_frequent=9, alpha=5 / 9)
+    ids, y = synthetic.make_data(vocab, size=4000, generator=g, **sizes)
+    assert ids.shape == (4000, 20) and set(y.tolist()) == {-1, 1}
+    assert abs((y == 1).float().mean().item() - 0.5) < 0.03
+    kind, sign = vocab.kind[ids], vocab.sign[ids]
+    agree = sign == y[:, None]
+    assert ((kind == 0) & agree).sum(1).eq(3).all() and (kind == 0).sum(1).eq(3).all()
+    assert ((kind == 1) & agree).sum(1).eq(5).all() and ((kind == 1) & ~agree).sum(1).eq(4).all()
+    assert (kind == 2).sum(1).eq(20 - 3 - 9).all()
+    assert len({tuple(r) for r in (kind == 0).int().tolist()}) > 100  # slots are shuffled, not fixed
+
+    ids_ood, y_ood = synthetic.make_data(vocab, size=4000, generator=g, ood=True, **sizes)
+    kind, sign = vocab.kind[ids_ood], vocab.sign[ids_ood]
+    assert ((kind == 0) & (sign == -y_ood[:, None])).sum(1).eq(3).all()  # sparse tokens vote for the other label
+    assert ((kind == 1) & (sign == y_ood[:, None])).sum(1).eq(5).all()  # the frequent vote is unchanged
+
+
+def test_candidate_sensitivities_match_hand_computation():
+    """|S|=1, |F|=2, |R|=2 (d=8), n=5, n_s=1, n_f=2, alpha=1. Replacing one token by a uniform vocabulary token:
+    - sparse vote (margin 1): the sparse slot flips unless the new token is S_y (7/8); each of the 4 other slots flips
+      if the new token is S_-y (1/8): (7/8 + 4/8) / 5 = 0.275.
+    - frequent vote (margin 2): an F_y slot flips (ties) if the new token is F_-y (2/8), no other slot can flip:
+      2 * (2/8) / 5 = 0.1."""
+    vocab = synthetic.Vocab(1, 2, 2)
+    onehot = torch.eye(vocab.d)
+    ids, _ = synthetic.make_data(vocab, n=5, n_sparse=1, n_frequent=2, alpha=1.0, size=500,
+                                 generator=torch.Generator().manual_seed(0))
+    x = onehot[ids]
+    for kind, expected in [(0, 0.275), (1, 0.1)]:
+        s = sensitivity(synthetic.vote_classifier(vocab, kind), x, replace(onehot), reps=40,
+                        generator=torch.Generator().manual_seed(kind))
+        se = math.sqrt(expected * (1 - expected) / (500 * 5 * 40))
+        assert abs(s.mean - expected) < 4 * se, (kind, s.mean, expected)
+
+
+def test_preset_orderings_match_the_formula():
+    """The presets' candidate sensitivities, from the formula of the docstring above with d = 44, n = 20:
+    sparse-lower: sparse 0, frequent (5 (1 - 10/44) + 11 * 10/44) / 20; frequent-lower: frequent 0, sparse
+    (1 - 2/44 + 19 * 2/44) / 20."""
+    vocab = synthetic.Vocab(2, 10, 20)
+    onehot = torch.eye(vocab.d)
+    for case, low, high, expected in [("sparse-lower", 0, 1, (5 * (1 - 10 / 44) + 11 * 10 / 44) / 20),
+                                      ("frequent-lower", 1, 0, (1 - 2 / 44 + 19 * 2 / 44) / 20)]:
+        ids, _ = synthetic.make_data(vocab, n=20, size=400, generator=torch.Generator().manual_seed(1),
+                                     **synthetic.CASES[case])
+        s_low = sensitivity(synthetic.vote_classifier(vocab, low), onehot[ids], replace(onehot), reps=5)
+        s_high = sensitivity(synthetic.vote_classifier(vocab, high), onehot[ids], replace(onehot), reps=5)
+        assert s_low.mean == 0
+        assert abs(s_high.mean - expected) < 0.02, (case, s_high.mean, expected)
+
+
+def test_model_shapes_and_head():
+    model = synthetic.AttentionClassifier(44, 8, 0.1)
+    x = torch.eye(44)[torch.randint(44, (7, 20))]
+    assert model(x).shape == (7,)
+    att = model.attention(x)
+    assert att.shape == (7, 20, 20) and torch.allclose(att.sum(-1), torch.ones(7, 20))
+    assert model.head_in_token_space().shape == (44,)
+
+
+def test_bad_sizes_are_rejected():
+    for argv in [["--alpha", "0.3"], ["--n", "5", "--n-frequent", "9"], ["--alpha", "0.6", "--n-frequent", "9"],
+                 ["--lr", "-1"], ["--n-sens", "10", "--n-train", "5"]]:
+        with pytest.raises(SystemExit):
+            synthetic.parse_args(argv)
+
+
+def test_end_to_end(tmp_path):
+    """A 2-step run of both presets writes metrics.json with the documented keys, and the figure."""
+    args = synthetic.parse_args(["--steps", "2", "--eval-every", "1", "--seeds", "0", "1", "--n-train", "200",
+                                 "--n-test", "100", "--n-sens", "50", "--out-dir", str(tmp_path)])
+    data = synthetic.main(args)
+    folder = tmp_path / "synthetic" / "cases"
+    on_disk = json.loads((folder / "metrics.json").read_text())
+    assert on_disk["runs"].keys() == data["runs"].keys() == {
+        "sparse-lower/seed0", "sparse-lower/seed1", "frequent-lower/seed0", "frequent-lower/seed1"}
+    final = on_disk["runs"]["sparse-lower/seed0"]["final"]
+    for key in ["sens", "sens_stderr", "train_acc", "test_acc", "ood_acc", "sens_sparse_fn", "sens_frequent_fn",
+                "align_sparse", "align_frequent", "align_irrelevant"]:
+        assert isinstance(final[key], float), key
+    assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
+    assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 1, 2]
+    assert os.path.getsize(folder / "synthetic.png") > 10_000
+    synthetic.main(synthetic.parse_args(["--plot", str(folder)]))  # redraw from metrics.json alone
