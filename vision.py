@@ -1,0 +1,722 @@
+"""Do vision transformers learn lower-sensitivity functions than CNNs, ConvMixers and MLPs? (Sec. 5, App. A.1-A.3.)
+
+Trains each --model on the same data with the same optimiser (SGD, as the paper) and measures, every few epochs, the
+token-wise sensitivity on a fixed subset of the training set: Gaussian noise N(0, sigma^2) on one p x p patch of the
+normalised image at a time, every patch in turn, the same patch grid for every architecture.
+
+    python vision.py --model vit --sigma 0.1                       # CIFAR-10 (downloads it), the paper's headline
+    python vision.py --dataset fashionmnist --data-dir DATA --model vit mlp mlp-sigmoid cnn --n-train 3000 \\
+        --epochs 15 --depth 4 --heads 4 --dim-head 16              # the Fashion-MNIST ordering, ~10 min on 2 cores
+    python vision.py --dataset fake --model vit resnet18 --epochs 1 --n-train 200   # offline smoke test, seconds
+    python vision.py --pretrained convnext_tiny vit_l_16 --imagenet-dir IMAGENET/train   # Sec. 5, no training
+"""
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import (Results, gaussian, get_device, load_results, new_run_dir, patchify, plot_curves, seed_all,
+                    sensitivity, unpatchify)
+
+MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
+# (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
+DATASETS = {
+    "cifar10": (3, 32, 10, "cifar-10-batches-py/ (or cifar-10-python.tar.gz)"),
+    "svhn": (3, 32, 10, "train_32x32.mat and test_32x32.mat"),
+    "fashionmnist": (1, 28, 10, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz"),
+    "mnist01": (1, 28, 2, "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz"),
+    "fake": (3, 32, 10, None),
+    "fake28": (1, 28, 10, None),
+}
+# per-model default learning rates [paper, SETTINGS.md section 3]: CIFAR-10 for the ViTs, ConvMixer and CNNs,
+# Fashion-MNIST for the MLPs and the small CNN (the ViT has 0.1 on both)
+LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "densenet121": 0.005, "mlp": 0.1,
+      "mlp-sigmoid": 0.5, "cnn": 0.005}
+LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # model
+    p.add_argument("--model", nargs="+", default=["vit"], help=f"one or more of {MODELS}, trained in turn")
+    p.add_argument("--depth", type=int, default=8, help="transformer blocks (ViTs) / mixer layers (ConvMixer)")
+    p.add_argument("--heads", type=int, default=32, help="attention heads (ViTs) [author code: 32]")
+    p.add_argument("--dim", type=int, default=64, help="token width (ViTs, ConvMixer) [author code: 64]")
+    p.add_argument("--dim-head", type=int, default=64, help="width of one attention head (ViTs)")
+    p.add_argument("--mlp-dim", type=int, default=512, help="hidden width of the transformer MLP [author code]")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout of ViT-small [author code: 0.1]")
+    p.add_argument("--patch", type=int, default=None, help="ViT/ConvMixer patch size; default 4 (32x32), 7 (28x28)")
+    p.add_argument("--mlp-hidden", type=int, nargs="+", default=[512, 512], help="hidden widths of the MLPs")
+    p.add_argument("--activation", type=str, default="leakyrelu", choices=["leakyrelu", "sigmoid"],
+                   help="activation of --model mlp (mlp-sigmoid always uses sigmoid)")
+    # data
+    p.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS))
+    p.add_argument("--data-dir", type=str, default="data", help="where the dataset files are (or are downloaded to)")
+    p.add_argument("--n-train", type=int, default=None, help="use a random subset of this many training images")
+    p.add_argument("--n-test", type=int, default=None, help="use the first this many test images")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the training subset (fixed across --seeds)")
+    p.add_argument("--augment", action="store_true", help="random crops (pad 4) and flips (32x32 sets only)")
+    # optimisation
+    p.add_argument("--optimizer", type=str, default="sgd", choices=["sgd", "adam"], help="paper: SGD (Fig. 14: Adam)")
+    p.add_argument("--lr", nargs="+", default=[], help="learning rate for all models (0.05) or per model "
+                   "(cnn=0.05 vit=0.1); models not named keep their default (SETTINGS.md)")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum [author code: none]")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="weight decay [author code: none]")
+    p.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],
+                   help="lr schedule: constant, step (x0.5 every 8 epochs, the authors'), cosine to 0")
+    p.add_argument("--epochs", type=int, default=50, help="training epochs [author code: 50]")
+    p.add_argument("--batch-size", type=int, default=100, help="images per step (paper: 100, MNIST 50)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation/order seeds")
+    # sensitivity
+    p.add_argument("--sigma", type=float, nargs="+", default=[0.1], help="noise std(s) on normalised pixels; the "
+                   "first is the headline, all are measured on the same model (Fig. 17)")
+    p.add_argument("--noise", nargs="+", default=["tokenwise"], choices=["tokenwise", "global"],
+                   help="tokenwise: one patch at a time (Def. 4.1); global: the whole image at once (App. A.2)")
+    p.add_argument("--sigma-global", type=float, default=None,
+                   help="std of --noise global; default sigma/sqrt(T): the noise energy of one patch perturbation")
+    p.add_argument("--sens-patch", type=int, default=None, help="patch grid of the sensitivity; default 4 / 7")
+    p.add_argument("--reps", type=int, default=1, help="noise draws per (image, patch)")
+    p.add_argument("--sens-positions", type=int, default=None,
+                   help="sample this many patches per image and draw instead of every patch (large images)")
+    p.add_argument("--n-sens", type=int, default=500, help="training images the sensitivity is measured on")
+    p.add_argument("--sens-every", type=int, default=5, help="epochs between sensitivity measurements [author code]")
+    # pretrained (Sec. 5, ImageNet): no training
+    p.add_argument("--pretrained", nargs="+", default=None, choices=["convnext_tiny", "vit_l_16"],
+                   help="measure torchvision's ImageNet models on --imagenet-dir instead of training")
+    p.add_argument("--imagenet-dir", type=str, default=None, help="an ImageFolder of images (e.g. ImageNet train)")
+    p.add_argument("--random-weights", action="store_true", help="--pretrained without downloading weights (tests)")
+    # system
+    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast for training and evaluation (CUDA only)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the models")
+    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/vision/<run-name>/")
+    p.add_argument("--run-name", type=str, default=None, help="default: <dataset>-<models>")
+    p.add_argument("--save-model", action="store_true", help="save each final model to <run>/<model>-seed<k>.pt")
+    p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
+    args = p.parse_args(argv)
+
+    bad = [m for m in args.model if m not in MODELS]
+    if bad:
+        p.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
+    if any(s < 0 for s in args.sigma) or (args.sigma_global is not None and args.sigma_global < 0):
+        p.error("--sigma and --sigma-global are standard deviations and must be >= 0")
+    for name in ["epochs", "batch_size", "reps", "n_sens", "sens_every", "depth", "heads", "dim", "dim_head"]:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.sens_positions is not None and args.sens_positions < 1:
+        p.error("--sens-positions must be >= 1")
+    try:
+        args.lr = parse_lrs(args.lr, args.model)
+    except ValueError as e:
+        p.error(str(e))
+    channels, size, _, _ = DATASETS[args.dataset]
+    default_patch = 4 if size == 32 else 7
+    args.patch = args.patch or default_patch
+    args.sens_patch = args.sens_patch or default_patch
+    for name in ["patch", "sens_patch"]:
+        if size % getattr(args, name):
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)} does not divide the {size}x{size} images")
+    if args.pretrained and not args.imagenet_dir:
+        p.error("--pretrained needs --imagenet-dir (an ImageFolder of images)")
+    if args.amp and not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
+        p.error("--amp (bf16 autocast) needs a CUDA device")
+    return args
+
+
+# -----------------------------------------------------------------------------
+# data: each dataset lives on the device as uint8, normalised and augmented in batches (no DataLoader)
+
+
+def load_dataset(name, data_dir, device):
+    """{'train_x', 'test_x'} uint8 (N, C, H, W) and {'train_y', 'test_y'} int64, on the device."""
+    channels, size, classes, files = DATASETS[name]
+    if name.startswith("fake"):  # random images of the right shape, for tests and smoke runs
+        g = torch.Generator().manual_seed(0)
+        data = {f"{s}_x": torch.randint(0, 256, (n, channels, size, size), generator=g, dtype=torch.uint8)
+                for s, n in [("train", 1000), ("test", 200)]}
+        data.update({f"{s}_y": torch.randint(0, classes, (n,), generator=g) for s, n in [("train", 1000),
+                                                                                         ("test", 200)]})
+        return {k: v.to(device) for k, v in data.items()}
+    import torchvision.datasets as tvd
+
+    cls = {"cifar10": tvd.CIFAR10, "svhn": tvd.SVHN, "fashionmnist": tvd.FashionMNIST, "mnist01": tvd.MNIST}[name]
+    data = {}
+    for split, train in [("train", True), ("test", False)]:
+        kw = {"split": "train" if train else "test"} if name == "svhn" else {"train": train}
+        try:
+            ds = cls(root=data_dir, download=True, **kw)
+        except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
+            raise SystemExit(f"vision.py: cannot load {name} from {os.path.abspath(data_dir)} ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} under "
+                             f"that folder (or pass --data-dir), and torchvision will use them.") from None
+        x = torch.as_tensor(ds.data)
+        x = x.permute(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] == 3 else x  # CIFAR is NHWC
+        x = x[:, None] if x.ndim == 3 else x  # MNIST-like: add the channel
+        y = torch.as_tensor(ds.labels if name == "svhn" else ds.targets).long()
+        if name == "mnist01":
+            keep = y <= 1
+            x, y = x[keep], y[keep]
+        data[f"{split}_x"], data[f"{split}_y"] = x.contiguous().to(device), y.to(device)
+    return data
+
+
+def normalize(x):
+    """uint8 images -> floats in [-1, 1]: (x/255 - 0.5) / 0.5, the authors' Normalize((0.5,), (0.5,))."""
+    return x.float().div_(127.5).sub_(1.0)
+
+
+def augment_batch(x, generator):
+    """Random crop (zero-pad 4) and horizontal flip of a uint8 batch, as batched tensor ops."""
+    B, _, H, W = x.shape
+    flip = torch.rand(B, generator=generator, device=x.device) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    padded = F.pad(x, (4, 4, 4, 4))
+    dy, dx = (torch.randint(0, 9, (2, B), generator=generator, device=x.device))
+    rows = (dy[:, None] + torch.arange(H, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(W, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+    return padded[torch.arange(B, device=x.device)[:, None, None, None], torch.arange(x.shape[1],
+                  device=x.device)[None, :, None, None], rows, cols]
+
+
+# -----------------------------------------------------------------------------
+# models: ViT-small (SPT + LSA), ViT-simple, ResNet-18, DenseNet-121, ConvMixer, MLP, CNN
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden, dropout):
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention, pre-norm. lsa=True is Locality Self-Attention (Lee et al. 2021): a learned
+    temperature in place of 1/sqrt(d_head), and no token attends to itself (the diagonal is masked)."""
+
+    def __init__(self, dim, heads, dim_head, dropout, lsa=False):
+        super().__init__()
+        self.heads, self.dropout, self.lsa = heads, dropout, lsa
+        self.norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)
+        self.out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout))
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(dim_head**-0.5))) if lsa else None
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        mask, scale = None, None
+        if self.lsa:
+            mask = ~torch.eye(T, dtype=torch.bool, device=x.device)  # True = may attend
+            q = q * self.log_temperature.exp()  # the learned scale
+            scale = 1.0
+        # softmax(q k^T * scale + mask) v, fused; the explicit form runs 2x slower on a CPU
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout, lsa=False):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ModuleList([Attention(dim, heads, dim_head, dropout, lsa),
+                                                    FeedForward(dim, mlp_dim, dropout)]) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            x = x + attn(x)
+            x = x + ff(x)
+        return self.norm(x)
+
+
+class ShiftedPatchTokenization(nn.Module):
+    """SPT (Lee et al. 2021): the image and its four diagonal half-patch shifts, stacked on the channels, cut into
+    patches, layer-normalised and projected: each token sees a little beyond its own patch."""
+
+    def __init__(self, channels, patch, dim):
+        super().__init__()
+        self.patch = patch
+        self.norm = nn.LayerNorm(5 * channels * patch * patch)
+        self.proj = nn.Linear(5 * channels * patch * patch, dim)
+
+    def forward(self, img):
+        s = self.patch // 2
+        shifts = [(s, -s, s, -s), (-s, s, s, -s), (s, -s, -s, s), (-s, s, -s, s)]  # (left, right, top, bottom) pad
+        x = torch.cat([img] + [F.pad(img, pad) for pad in shifts], dim=1)  # (B, 5C, H, W)
+        return self.proj(self.norm(patchify(x, self.patch)))  # (B, T, dim)
+
+
+class ViT(nn.Module):
+    """ViT-small of Lee et al. (2021): SPT tokens, a class token, learned positions, LSA blocks, head on the class."""
+
+    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, dropout):
+        super().__init__()
+        self.tokens = ShiftedPatchTokenization(channels, patch, dim)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))
+        self.drop = nn.Dropout(dropout)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, lsa=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, img):
+        x = self.tokens(img)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos
+        return self.head(self.transformer(self.drop(x))[:, 0])
+
+
+def sincos_2d(h, w, dim, temperature=10000.0):
+    """Fixed 2-D sine-cosine position embedding (h*w, dim) of Beyer et al. (2022)."""
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1))
+    y, x = y.flatten()[:, None] * omega, x.flatten()[:, None] * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+
+
+class SimpleViT(nn.Module):
+    """ViT-simple of Beyer et al. (2022): plain patches, fixed sin-cos positions, no dropout, mean pooling."""
+
+    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim):
+        super().__init__()
+        self.patch = patch
+        patch_dim = channels * patch * patch
+        self.embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, dim), nn.LayerNorm(dim))
+        self.register_buffer("pos", sincos_2d(image // patch, image // patch, dim))
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout=0.0)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, img):
+        x = self.embed(patchify(img, self.patch)) + self.pos
+        return self.head(self.transformer(x).mean(1))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR ResNet-18: 3x3 stem at stride 1, no max-pool, four stages of two basic blocks."""
+
+    def __init__(self, *, channels, classes):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        blocks, cin = [], 64
+        for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, cin, growth):
+        super().__init__()
+        self.net = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, 4 * growth, 1, bias=False),
+                                 nn.BatchNorm2d(4 * growth), nn.ReLU(), nn.Conv2d(4 * growth, growth, 3, 1, 1,
+                                                                                   bias=False))
+
+    def forward(self, x):
+        return torch.cat([x, self.net(x)], dim=1)  # each layer adds `growth` channels
+
+
+class DenseNet121(nn.Module):
+    """CIFAR DenseNet-121: growth 32, blocks (6, 12, 24, 16), bottlenecks, transitions halving the channels."""
+
+    def __init__(self, *, channels, classes, growth=32, blocks=(6, 12, 24, 16)):
+        super().__init__()
+        c = 2 * growth
+        layers = [nn.Conv2d(channels, c, 3, 1, 1, bias=False)]
+        for i, n in enumerate(blocks):
+            for _ in range(n):
+                layers.append(DenseLayer(c, growth))
+                c += growth
+            if i < len(blocks) - 1:  # transition: compress by 2, downsample by 2
+                layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2)]
+                c //= 2
+        self.features = nn.Sequential(*layers, nn.BatchNorm2d(c), nn.ReLU())
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class ConvMixer(nn.Module):
+    """ConvMixer (Trockman & Kolter 2022): patch embedding, then depthwise (spatial) + pointwise (channel) convs."""
+
+    def __init__(self, *, channels, classes, dim, depth, kernel=3, patch=4):
+        super().__init__()
+        self.embed = nn.Sequential(nn.Conv2d(channels, dim, patch, stride=patch), nn.GELU(), nn.BatchNorm2d(dim))
+        self.spatial = nn.ModuleList([nn.Sequential(nn.Conv2d(dim, dim, kernel, groups=dim, padding="same"),
+                                                    nn.GELU(), nn.BatchNorm2d(dim)) for _ in range(depth)])
+        self.channel = nn.ModuleList([nn.Sequential(nn.Conv2d(dim, dim, 1), nn.GELU(), nn.BatchNorm2d(dim))
+                                      for _ in range(depth)])
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for spatial, channel in zip(self.spatial, self.channel):
+            x = channel(x + spatial(x))  # residual around the depthwise conv only
+        return self.head(x.mean((2, 3)))
+
+
+class MLP(nn.Module):
+    def __init__(self, *, inputs, hidden, classes, activation):
+        super().__init__()
+        act = {"leakyrelu": nn.LeakyReLU, "sigmoid": nn.Sigmoid}[activation]
+        layers, width = [nn.Flatten()], inputs
+        for h in hidden:
+            layers += [nn.Linear(width, h), act()]
+            width = h
+        self.net = nn.Sequential(*layers, nn.Linear(width, classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    """The small Fashion-MNIST CNN: two 3x3 convs (32 channels), a 2x2 max-pool, a 128-unit layer."""
+
+    def __init__(self, *, channels, size, classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                                 nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * (size // 2) ** 2, 128),
+                                 nn.ReLU(), nn.Linear(128, classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_model(name, args, channels, size, classes):
+    vit_kw = dict(image=size, channels=channels, patch=args.patch, classes=classes, dim=args.dim, depth=args.depth,
+                  heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim)
+    if name == "vit":
+        return ViT(**vit_kw, dropout=args.dropout)
+    elif name == "vit-simple":
+        return SimpleViT(**vit_kw)
+    elif name == "resnet18":
+        return ResNet18(channels=channels, classes=classes)
+    elif name == "densenet121":
+        return DenseNet121(channels=channels, classes=classes)
+    elif name == "convmixer":
+        return ConvMixer(channels=channels, classes=classes, dim=args.dim, depth=args.depth, patch=args.patch)
+    elif name in ("mlp", "mlp-sigmoid"):
+        activation = "sigmoid" if name == "mlp-sigmoid" else args.activation
+        return MLP(inputs=channels * size * size, hidden=args.mlp_hidden, classes=classes, activation=activation)
+    elif name == "cnn":
+        return CNN(channels=channels, size=size, classes=classes)
+    raise ValueError(f"unknown model {name!r}")
+
+
+def parse_lrs(values, models):
+    """['0.05'] -> {every model: 0.05}; ['cnn=0.05', 'vit=0.1'] -> per model. A ValueError says what is wrong."""
+    out = {}
+    for v in values:
+        name, _, lr = v.rpartition("=")
+        for m in [name] if name else models:
+            if m not in MODELS:
+                raise ValueError(f"--lr {v}: unknown model {m!r}")
+            try:
+                out[m] = float(lr)
+            except ValueError:
+                raise ValueError(f"--lr {v}: {lr!r} is not a number") from None
+            if not out[m] > 0:
+                raise ValueError(f"--lr {v}: the learning rate must be > 0")
+    return out
+
+
+def default_lr(model, dataset):
+    if dataset == "mnist01":
+        return LR_MNIST01
+    return LR[model]
+
+
+# -----------------------------------------------------------------------------
+# metrics
+
+
+@torch.no_grad()
+def evaluate(model, x, y, amp):
+    """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x."""
+    model.eval()
+    batch_size = 2048 if x.device.type == "cuda" else 256  # a CPU runs a small ViT 1.5x faster at 256 than 1000
+    loss = correct = 0.0
+    for i in range(0, len(x), batch_size):
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            out = model(normalize(x[i:i + batch_size])).float()
+        loss += F.cross_entropy(out, y[i:i + batch_size], reduction="sum").item()
+        correct += (out.argmax(1) == y[i:i + batch_size]).sum().item()
+    return loss / len(x), correct / len(x)
+
+
+def measure_sensitivity(model, images, patch, sigmas, noise, sigma_global, reps, seed, amp, positions=None):
+    """Token-wise sensitivity at each sigma (noise on one patch at a time) and, with 'global' in noise, the App. A.2
+    variant (noise on the whole image). images: normalised (N, C, H, W). Returns {key: Sensitivity}."""
+    model.eval()
+    shape = images.shape[1:]
+
+    def f(xb, idx):  # the estimator hands (B, T, D) patch tokens; the model sees whole images
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            return model(unpatchify(xb, patch, shape)).float()
+
+    def g(xb, idx):  # one "token" = the whole image
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            return model(xb.view(-1, *shape)).float()
+
+    out = {}
+    gen = torch.Generator(images.device)
+    tokens = patchify(images, patch)
+    if "tokenwise" in noise:
+        for sigma in sigmas:
+            out[f"tokenwise:{sigma:g}"] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions,
+                                                      generator=gen.manual_seed(seed))
+    if "global" in noise:
+        std = sigma_global if sigma_global is not None else sigmas[0] / math.sqrt(tokens.shape[1])
+        out["global"] = sensitivity(g, images.flatten(1)[:, None], gaussian(std), reps=reps,
+                                    generator=gen.manual_seed(seed))
+    return out
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def lr_at(epoch, base, schedule, epochs):
+    """Learning rate during (fractional) epoch `epoch`."""
+    if schedule == "step":
+        return base * 0.5 ** (int(epoch) // 8)  # the authors' StepLR(step_size=8, gamma=0.5)
+    if schedule == "cosine":
+        return base * 0.5 * (1 + math.cos(math.pi * epoch / epochs))
+    return base
+
+
+def cross_entropy(model, images, labels):
+    return F.cross_entropy(model(images).float(), labels)
+
+
+def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False, amp=False, loss_fn=cross_entropy):
+    """One pass over uint8 images x in a random order: batches are indexed, (augmented,) normalised and fed on the
+    device. lr_fn(fraction of the epoch done) sets the learning rate; loss_fn(model, images, labels) the objective.
+    Returns the last batch's loss (one host sync per epoch)."""
+    model.train()
+    perm = torch.randperm(len(x), generator=gen, device=x.device)
+    steps = math.ceil(len(x) / batch_size)
+    for i in range(steps):
+        if lr_fn is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr_fn(i / steps)
+        idx = perm[i * batch_size:(i + 1) * batch_size]
+        xb = augment_batch(x[idx], gen) if augment else x[idx]
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            loss = loss_fn(model, normalize(xb), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def train_one(name, seed, args, data, shape, results, device, folder):
+    channels, size, classes = shape
+    run = f"{name}/seed{seed}"
+    seed_all(seed)
+    model = build_model(name, args, channels, size, classes).to(device)
+    print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    fwd = torch.compile(model) if args.compile else model
+    lr = args.lr.get(name) or default_lr(name, args.dataset)
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    x, y = data["train_x"], data["train_y"]
+    sens_images = normalize(x[: args.n_sens])  # a fixed subset of the (already shuffled) training set
+    gen = torch.Generator(device).manual_seed(seed)
+    t0 = time.time()
+    for epoch in range(args.epochs + 1):
+        if epoch % args.sens_every == 0 or epoch == args.epochs:
+            row = {"epoch": epoch}
+            row["train_loss"], row["train_acc"] = evaluate(fwd, x, y, args.amp)
+            row["test_loss"], row["test_acc"] = evaluate(fwd, data["test_x"], data["test_y"], args.amp)
+            sens = measure_sensitivity(fwd, sens_images, args.sens_patch, args.sigma, args.noise, args.sigma_global,
+                                       args.reps, seed, args.amp, args.sens_positions)
+            for key, s in sens.items():
+                row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
+            head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
+            row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
+            row["time"] = time.time() - t0
+            results.log(run, row)
+            print(f"{run} epoch {epoch:3d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
+                  f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
+                  f"{row['time']:.0f}s")
+        if epoch == args.epochs:
+            break
+        loss = train_epoch(fwd, opt, x, y, batch_size=args.batch_size, gen=gen, augment=args.augment, amp=args.amp,
+                           lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, args.epochs))
+        if not math.isfinite(loss):
+            raise SystemExit(f"vision.py: {run} diverged at epoch {epoch + 1} (loss {loss}); lower --lr")
+    grid = size // args.sens_patch
+    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss"]}
+    final["sens_by_sigma"] = {f"{s:g}": row[f"sens@tokenwise:{s:g}"] for s in args.sigma if "tokenwise" in args.noise}
+    if "global" in args.noise:
+        final["sens_global"] = row["sens@global"]
+    if "tokenwise" in args.noise:
+        final["sens_map"] = sens[f"tokenwise:{args.sigma[0]:g}"].per_position.view(grid, grid).tolist()
+    results.final(run, final)
+    if args.save_model:
+        torch.save(model.state_dict(), os.path.join(folder, f"{name}-seed{seed}.pt"))
+    return model
+
+
+# -----------------------------------------------------------------------------
+# pretrained ImageNet models (Sec. 5): no training
+
+
+def pretrained_run(args, results, device):
+    import torchvision
+    from torchvision import transforms
+
+    tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
+                             transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    try:
+        ds = torchvision.datasets.ImageFolder(args.imagenet_dir, transform=tf)
+    except (FileNotFoundError, OSError) as e:
+        raise SystemExit(f"vision.py: cannot read images from {args.imagenet_dir}: {e}") from None
+    g = torch.Generator().manual_seed(args.split_seed)
+    pick = torch.randperm(len(ds), generator=g)[: args.n_sens].tolist()
+    images = torch.stack([ds[i][0] for i in pick]).to(device)
+    labels = torch.tensor([ds[i][1] for i in pick], device=device)
+    for name in args.pretrained:
+        weights = None if args.random_weights else "DEFAULT"
+        try:
+            model = getattr(torchvision.models, name)(weights=weights).to(device).eval()
+        except Exception as e:  # weights cannot be downloaded offline
+            raise SystemExit(f"vision.py: cannot get the {name} weights ({type(e).__name__}); with no network put "
+                             "them in $TORCH_HOME/hub/checkpoints (see torchvision.models) or use --random-weights"
+                             ) from None
+        final = {}
+        if len(ds.classes) == 1000:  # an ImageNet folder: class index = ImageNet label
+            with torch.no_grad():
+                final["train_acc"] = (model(images).argmax(1) == labels).float().mean().item()
+        sens = measure_sensitivity(model, images, 16, args.sigma, args.noise, args.sigma_global, args.reps, 0, args.amp,
+                                   args.sens_positions)
+        head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
+        final.update(sens=sens[head].mean, sens_stderr=sens[head].stderr,
+                     sens_by_sigma={k.split(":")[1]: s.mean for k, s in sens.items() if k.startswith("tokenwise")})
+        results.final(f"{name}/pretrained", final)
+        print(f"{name}: sensitivity {final['sens']:.4f} +- {final['sens_stderr']:.4f} on {len(images)} images")
+
+
+# -----------------------------------------------------------------------------
+# figures (redrawn from metrics.json alone)
+
+
+def plot(data, folder):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for run, r in data["runs"].items():
+        if r["history"]:
+            groups.setdefault(run.rsplit("/", 1)[0], []).append(r)
+    paths = []
+    if groups:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        for name, runs in groups.items():
+            hists = [r["history"] for r in runs]
+            label = f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+            plot_curves(axes[0], hists, "epoch", "sens", label)
+            plot_curves(axes[1], hists, "epoch", "train_acc", label)
+            plot_curves(axes[2], hists, "epoch", "test_acc", label)
+        for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test accuracy"]):
+            ax.set_title(t)
+            ax.set_xlabel("epoch")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(f"{folder}/sensitivity.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    finals = {run: r["final"] for run, r in data["runs"].items() if r["final"].get("sens_by_sigma")}
+    if finals and len(next(iter(finals.values()))["sens_by_sigma"]) > 1:  # Fig. 17: the sigma sweep
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for name in {run.rsplit("/", 1)[0] for run in finals}:
+            per = [f["sens_by_sigma"] for run, f in finals.items() if run.rsplit("/", 1)[0] == name]
+            sigmas = sorted(per[0], key=float)
+            ax.plot([float(s) for s in sigmas], [sum(p[s] for p in per) / len(per) for s in sigmas], "o-", label=name)
+        ax.set_xlabel("sigma")
+        ax.set_ylabel("sensitivity")
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(f"{folder}/sigma_sweep.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    maps = {run: r["final"]["sens_map"] for run, r in data["runs"].items() if r["final"].get("sens_map")}
+    if maps:
+        fig, axes = plt.subplots(1, len(maps), figsize=(2.6 * len(maps), 2.8), squeeze=False)
+        for ax, (run, m) in zip(axes[0], maps.items()):
+            im = ax.imshow(m, cmap="viridis")
+            ax.set_title(run, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.tight_layout()
+        paths.append(f"{folder}/sensitivity_maps.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def main(args):
+    if args.plot:
+        print("wrote", *plot(load_results(args.plot), args.plot))
+        return None
+    device = get_device(args.device)
+    default_name = "imagenet-pretrained" if args.pretrained else f"{args.dataset}-{'-'.join(args.model)}"
+    folder = new_run_dir("vision", args.run_name or default_name, args.out_dir)
+    results = Results(folder, vars(args), device)
+    print(f"writing {folder}")
+    if args.pretrained:
+        pretrained_run(args, results, device)
+        return results.data
+    data = load_dataset(args.dataset, args.data_dir, device)
+    g = torch.Generator().manual_seed(args.split_seed)  # the subset does not depend on --seeds
+    keep = torch.randperm(len(data["train_x"]), generator=g)[: args.n_train].to(device)
+    data["train_x"], data["train_y"] = data["train_x"][keep], data["train_y"][keep]
+    if args.n_test:
+        data["test_x"], data["test_y"] = data["test_x"][: args.n_test], data["test_y"][: args.n_test]
+    channels, size, classes, _ = DATASETS[args.dataset]
+    print(f"{args.dataset}: {len(data['train_x'])} train / {len(data['test_x'])} test images on {device}")
+    try:
+        for name in args.model:
+            for seed in args.seeds:
+                train_one(name, seed, args, data, (channels, size, classes), results, device, folder)
+    except KeyboardInterrupt:
+        print("interrupted: metrics.json keeps every evaluation so far")
+    finally:
+        print("wrote", *plot(results.data, folder))
+    return results.data
+
+
+if __name__ == "__main__":
+    main(parse_args())
