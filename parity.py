@@ -1,0 +1,287 @@
+"""Is Boolean sensitivity a progress measure for learning a sparse parity? (App. A.6 of the paper.)
+
+A two-layer transformer learns y = prod_{i in S} x_i on n bits x in {-1, +1}^n with |S| = k. The Boolean sensitivity
+(Eq. 1: how many single-bit flips change the prediction, averaged over inputs) of the target is exactly k. While the
+test accuracy still sits at 50%, the model's sensitivity rises towards k, and its per-bit profile concentrates on the
+k relevant bits: sensitivity shows the hidden progress. The paper's sizes were lost; n = 20, k = 3 is our choice
+(../shared/paper/SETTINGS.md section 5).
+
+    python parity.py                         # setting 1: n=20, k=3, about 2 minutes on 2 CPU cores
+    python parity.py --all-settings          # the six settings of the Fig. 26-style grid, about 12 minutes
+    python parity.py --n 12 --k 3            # n <= 16 also gets the exact sensitivity from the Fourier spectrum
+"""
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import Results, flip, get_device, load_results, new_run_dir, plot_curves, seed_all, sensitivity
+
+# (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]
+SETTINGS = {
+    1: dict(n_train=20000, batch_size=64, dim=64, lr=1e-3, seed=0),
+    2: dict(n_train=20000, batch_size=64, dim=64, lr=1e-3, seed=1),
+    3: dict(n_train=10000, batch_size=64, dim=64, lr=1e-3, seed=0),
+    4: dict(n_train=20000, batch_size=256, dim=64, lr=1e-3, seed=0),
+    5: dict(n_train=20000, batch_size=64, dim=128, lr=1e-3, seed=0),
+    6: dict(n_train=20000, batch_size=64, dim=64, lr=3e-4, seed=0),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # task
+    p.add_argument("--n", type=int, default=20, help="number of bits")
+    p.add_argument("--k", type=int, default=3, help="number of relevant bits (the parity's degree)")
+    p.add_argument("--setting", type=int, default=1, choices=list(SETTINGS), help="preset of the grid (see SETTINGS)")
+    p.add_argument("--all-settings", action="store_true", help="run all six settings and draw the grid")
+    p.add_argument("--n-train", type=int, default=None, help="training samples (default: the setting's)")
+    p.add_argument("--n-test", type=int, default=2000, help="test samples")
+    p.add_argument("--data-seed", type=int, default=1234, help="seed of the relevant bits and the data")
+    # model and optimisation
+    p.add_argument("--dim", type=int, default=None, help="embedding width (default: the setting's)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: the setting's)")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per step (default: the setting's)")
+    p.add_argument("--steps", type=int, default=6000, help="Adam steps")
+    p.add_argument("--seed", type=int, default=None, help="initialisation/order seed (default: the setting's)")
+    # sensitivity
+    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations")
+    p.add_argument("--n-sens", type=int, default=1000, help="training inputs the sensitivity is measured on")
+    # system
+    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/parity/<run-name>/")
+    p.add_argument("--run-name", type=str, default=None, help="default: n<n>-k<k>-setting<s> or n<n>-k<k>-all")
+    p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
+    args = p.parse_args(argv)
+    if not 1 <= args.k <= args.n:
+        p.error("need 1 <= --k <= --n")
+    for name in ["n_test", "heads", "layers", "steps", "eval_every", "n_sens"]:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ["n_train", "dim", "batch_size"]:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr is not None and args.lr <= 0:
+        p.error("--lr must be > 0")
+    return args
+
+
+def setting(args, s):
+    """The hyper-parameters of setting s, with any flag given on the command line taking precedence."""
+    out = dict(SETTINGS[s])
+    for key in out:
+        if getattr(args, key) is not None:
+            out[key] = getattr(args, key)
+    if out["dim"] % args.heads:
+        raise SystemExit(f"parity.py: --dim {out['dim']} must be a multiple of --heads {args.heads}")
+    return out
+
+
+# -----------------------------------------------------------------------------
+# data
+
+
+def make_task(n, k, n_train, n_test, data_seed):
+    """The k relevant bits and disjoint-by-chance train / test sets: x (N, n, 1) in {-1, +1}, y (N,) in {0, 1}."""
+    g = torch.Generator().manual_seed(data_seed)
+    relevant = torch.randperm(n, generator=g)[:k].sort().values
+    x = torch.randint(0, 2, (n_train + n_test, n, 1), generator=g).float() * 2 - 1
+    y = (parity(x, relevant) > 0).long()
+    return relevant, (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
+
+
+def parity(x, relevant):
+    """prod_{i in relevant} x_i, in {-1, +1}."""
+    return x[:, relevant, 0].prod(1)
+
+
+# -----------------------------------------------------------------------------
+# model: a two-layer transformer over the bits
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        att = ((q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5).softmax(-1)  # (B, nh, T, T)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class ParityTransformer(nn.Module):
+    """Bits as tokens: an embedding of the bit's value plus a learned position, a class token, two blocks."""
+
+    def __init__(self, n, dim, heads, layers):
+        super().__init__()
+        self.bit = nn.Embedding(2, dim)  # the value -1 or +1
+        self.pos = nn.Parameter(0.02 * torch.randn(1, n + 1, dim))
+        self.cls = nn.Parameter(0.02 * torch.randn(1, 1, dim))
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(layers)])
+        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2))
+
+    def forward(self, x):  # x (B, n, 1) in {-1, +1}
+        tok = self.bit((x[..., 0] > 0).long())  # (B, n, dim)
+        h = torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos
+        return self.head(self.blocks(h)[:, 0])
+
+
+# -----------------------------------------------------------------------------
+# exact reference for small n: the Fourier spectrum of the model's truth table
+
+
+def all_inputs(n):
+    """All 2^n points of {-1, +1}^n as (2^n, n, 1); row i has bit j = +1 iff bit j of i is 0."""
+    i = torch.arange(2**n)
+    bits = (i[:, None] >> torch.arange(n)) & 1
+    return (1 - 2 * bits).float()[..., None]
+
+
+def walsh_hadamard(values):
+    """Fourier coefficients f_hat(S) = E_x f(x) chi_S(x) of a function given on all_inputs(n), by the fast
+    Walsh-Hadamard transform; entry m is the coefficient of S = {j : bit j of m is 1}."""
+    h = values.double().clone()
+    n = h.numel().bit_length() - 1
+    for j in range(n):
+        h = h.view(-1, 2, 2**j)
+        h = torch.stack([h[:, 0] + h[:, 1], h[:, 0] - h[:, 1]], dim=1)
+    return h.flatten() / 2**n
+
+
+def exact_sensitivity(model, n, device):
+    """Average Boolean sensitivity sum_S |S| f_hat(S)^2 of the model's +-1 prediction over all 2^n inputs."""
+    x = all_inputs(n).to(device)
+    with torch.no_grad():
+        pred = torch.cat([model(x[i:i + 8192]).argmax(1) for i in range(0, len(x), 8192)])
+    coeffs = walsh_hadamard((pred * 2 - 1).cpu())
+    degree = torch.tensor([bin(m).count("1") for m in range(2**n)], dtype=torch.float64)
+    return (degree * coeffs**2).sum().item()
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+@torch.no_grad()
+def evaluate(model, sets, sens_x, relevant_mask, n):
+    model.eval()
+    row = {}
+    for name, (x, y) in sets.items():
+        logits = torch.cat([model(x[i:i + 4096]) for i in range(0, len(x), 4096)])
+        row[f"{name}_loss"] = F.cross_entropy(logits, y).item()
+        row[f"{name}_acc"] = (logits.argmax(1) == y).float().mean().item()
+    s = sensitivity(lambda xb, idx: model(xb), sens_x, flip())
+    row["sens"], row["sens_stderr"] = s.mean, s.stderr  # normalised by n
+    row["sens_count"], row["sens_count_stderr"] = s.mean * n, s.stderr * n  # Eq. 1: flips summed over the bits
+    row["sens_relevant"] = s.per_position[relevant_mask].sum().item()  # of which on the k relevant bits
+    row["sens_by_bit"] = s.per_position.tolist()
+    return row
+
+
+def train_one(args, s, results, device):
+    hp = setting(args, s)
+    relevant, train, test = make_task(args.n, args.k, hp["n_train"], args.n_test, args.data_seed)
+    sets = {"train": tuple(t.to(device) for t in train), "test": tuple(t.to(device) for t in test)}
+    sens_x = sets["train"][0][: args.n_sens]
+    relevant_mask = torch.zeros(args.n, dtype=torch.bool)
+    relevant_mask[relevant] = True
+    seed_all(hp["seed"])
+    model = ParityTransformer(args.n, hp["dim"], args.heads, args.layers).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"])
+    run = f"setting{s}/seed{hp['seed']}"
+    print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
+    gen = torch.Generator(device).manual_seed(hp["seed"])
+    x_train, y_train = sets["train"]
+    t0 = time.time()
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            row = {"step": step, **evaluate(model, sets, sens_x, relevant_mask, args.n), "time": time.time() - t0}
+            results.log(run, row)
+            print(f"{run} step {step:5d} | train acc {row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | "
+                  f"sens count {row['sens_count']:.3f} +- {row['sens_count_stderr']:.3f} (on relevant bits "
+                  f"{row['sens_relevant']:.3f}) | {row['time']:.0f}s")
+        if step == args.steps:
+            break
+        model.train()
+        b = torch.randint(len(x_train), (hp["batch_size"],), generator=gen, device=device)
+        loss = F.cross_entropy(model(x_train[b]), y_train[b])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    final = {k: row[k] for k in ["sens", "sens_stderr", "sens_count", "sens_count_stderr", "sens_relevant",
+                                 "train_acc", "test_acc", "sens_by_bit"]}
+    final["relevant_bits"] = relevant.tolist()
+    final["time"] = row["time"]
+    if args.n <= 16:
+        final["sens_count_exact"] = exact_sensitivity(model.eval(), args.n, device)
+    results.final(run, final)
+    return final
+
+
+# -----------------------------------------------------------------------------
+# figure
+
+
+def plot(data, folder, k):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {run: r for run, r in data["runs"].items() if r["history"]}
+    fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), squeeze=False, sharex=True)
+    for j, (run, r) in enumerate(runs.items()):
+        ax = axes[0, j]
+        plot_curves(ax, [r["history"]], "step", "train_acc", "train")
+        plot_curves(ax, [r["history"]], "step", "test_acc", "test")
+        ax.set_title(run, fontsize=9)
+        ax.set_ylabel("accuracy")
+        ax.legend(fontsize=7)
+        ax = axes[1, j]
+        plot_curves(ax, [r["history"]], "step", "sens_count", "sensitivity (count)")
+        plot_curves(ax, [r["history"]], "step", "sens_relevant", "on the k relevant bits")
+        ax.axhline(k, color="gray", linestyle=":", label=f"k = {k}")
+        ax.set_ylabel("Boolean sensitivity")
+        ax.set_xlabel("Adam step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = f"{folder}/parity.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    if args.plot:
+        data = load_results(args.plot)
+        print("wrote", plot(data, args.plot, data["args"]["k"]))
+        return None
+    device = get_device(args.device)
+    which = list(SETTINGS) if args.all_settings else [args.setting]
+    name = args.run_name or f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
+    folder = new_run_dir("parity", name, args.out_dir)
+    results = Results(folder, vars(args), device)
+    print(f"writing {folder}")
+    try:
+        for s in which:
+            train_one(args, s, results, device)
+    except KeyboardInterrupt:
+        print("interrupted: metrics.json keeps every evaluation so far")
+    finally:
+        if any(r["history"] for r in results.data["runs"].values()):
+            print("wrote", plot(results.data, folder, args.k))
+    return results.data
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -1,0 +1,70 @@
+"""parity.py: the task, the exact Fourier reference against known Boolean functions, the estimator against the exact
+reference, and a short end-to-end run."""
+
+import json
+
+import pytest
+import torch
+
+import parity
+from common import flip, sensitivity
+
+
+def test_task_labels_are_the_parity_of_the_relevant_bits():
+    relevant, (x, y), (xt, yt) = parity.make_task(12, 3, 500, 200, data_seed=0)
+    assert len(relevant) == 3 and x.shape == (500, 12, 1) and xt.shape == (200, 12, 1)
+    assert set(x.unique().tolist()) == {-1.0, 1.0}
+    assert torch.equal(y, (x[:, relevant, 0].prod(1) > 0).long())
+    assert abs(y.float().mean().item() - 0.5) < 0.1
+    again = parity.make_task(12, 3, 500, 200, data_seed=0)
+    assert torch.equal(again[0], relevant) and torch.equal(again[1][0], x)  # the data seed fixes everything
+
+
+@pytest.mark.parametrize("n,fn,expected", [
+    (6, lambda x: x[:, [0, 2, 5], 0].prod(1), 3.0),  # a 3-sparse parity: total influence 3
+    (5, lambda x: x[:, :3, 0].sum(1).sign(), 1.5),  # majority of 3 bits: each bit is pivotal w.p. 1/2
+    (4, lambda x: torch.ones(len(x)), 0.0),  # constant
+    (7, lambda x: x[:, 4, 0], 1.0),  # a dictator
+])
+def test_fourier_sensitivity_of_known_functions(n, fn, expected):
+    """sum_S |S| f_hat(S)^2 from the fast Walsh-Hadamard transform, and the estimator on all 2^n inputs, both equal
+    the known total influence; Parseval: sum_S f_hat(S)^2 = 1."""
+    x = parity.all_inputs(n)
+    values = fn(x)
+    coeffs = parity.walsh_hadamard(values)
+    assert coeffs.pow(2).sum().item() == pytest.approx(1.0)
+    degree = torch.tensor([bin(m).count("1") for m in range(2**n)], dtype=torch.float64)
+    assert (degree * coeffs**2).sum().item() == pytest.approx(expected)
+    s = sensitivity(lambda xb, idx: (fn(xb) > 0).long(), x, flip())
+    assert s.mean * n == pytest.approx(expected)
+
+
+def test_estimator_agrees_with_the_exact_reference_on_a_model():
+    """For an (untrained) transformer on n = 10 bits, the estimator over all 2^10 inputs equals sum_S |S| f_hat^2."""
+    torch.manual_seed(0)
+    model = parity.ParityTransformer(10, 32, 4, 2).eval()
+    exact = parity.exact_sensitivity(model, 10, torch.device("cpu"))
+    with torch.no_grad():
+        s = sensitivity(lambda xb, idx: model(xb), parity.all_inputs(10), flip())
+    assert exact > 0  # the model is not constant, so the comparison is not vacuous
+    assert s.mean * 10 == pytest.approx(exact, abs=1e-9)
+
+
+def test_end_to_end(tmp_path):
+    argv = ["--n", "8", "--k", "2", "--steps", "4", "--eval-every", "2", "--n-train", "300", "--n-test", "100",
+            "--n-sens", "50", "--out-dir", str(tmp_path), "--run-name", "t"]
+    parity.main(parity.parse_args(argv))
+    data = json.loads((tmp_path / "parity" / "t" / "metrics.json").read_text())
+    run = data["runs"]["setting1/seed0"]
+    assert [h["step"] for h in run["history"]] == [0, 2, 4]
+    final = run["final"]
+    assert final["sens_count"] == pytest.approx(final["sens"] * 8)
+    assert len(final["sens_by_bit"]) == 8 and len(final["relevant_bits"]) == 2
+    assert 0 <= final["sens_count_exact"] <= 8
+    assert (tmp_path / "parity" / "t" / "parity.png").stat().st_size > 5000
+
+
+def test_bad_arguments():
+    for argv in [["--k", "0"], ["--k", "30"], ["--lr", "0"], ["--setting", "9"]]:
+        with pytest.raises(SystemExit):
+            parity.parse_args(argv)
