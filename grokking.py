@@ -1,0 +1,263 @@
+"""Is sensitivity a progress measure for grokking? (Sec. 7.3, App. A.5 of the paper.)
+
+A one-layer transformer learns (a + b) mod p from 30% of all pairs with full-batch AdamW and strong weight decay: it
+memorises the training set early, and only much later generalises ("groks"). The paper's claim: the sensitivity of the
+model to Gaussian noise on the number embeddings (measured on the training set) keeps falling during the plateau
+where train accuracy is 100% and test accuracy is still low, so it tracks the hidden progress, unlike the weight norm.
+
+    python grokking.py                         # p = 113, one seed; see the README for the wall time on a CPU
+    python grokking.py --seeds 0 1 2
+    python grokking.py --p 53 --epochs 6000    # a smaller task that groks sooner
+    python grokking.py --plot out/grokking/p113
+"""
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import Results, gaussian, get_device, load_results, new_run_dir, plot_curves, seed_all, sensitivity
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # task
+    p.add_argument("--p", type=int, default=113, help="the modulus (a prime in the paper)")
+    p.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
+    p.add_argument("--data-seed", type=int, default=598, help="seed of the train/test split (fixed across --seeds)")
+    # model
+    p.add_argument("--d-model", type=int, default=128, help="residual stream width")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--d-mlp", type=int, default=512, help="MLP hidden width")
+    p.add_argument("--no-residual", action="store_true", help="the authors' variant without skip connections")
+    # optimisation
+    p.add_argument("--epochs", type=int, default=20000, help="full-batch AdamW steps")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=1.0, help="AdamW weight decay")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation seeds")
+    # sensitivity
+    p.add_argument("--sigma", type=float, default=0.1, help="std of the noise on the number embeddings")
+    p.add_argument("--reps", type=int, default=2, help="noise draws per (training pair, position)")
+    p.add_argument("--eval-every", type=int, default=100, help="epochs between evaluations")
+    # system
+    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/grokking/<run-name>/")
+    p.add_argument("--run-name", type=str, default=None, help="default: p<p>")
+    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every this many epochs (0: never)")
+    p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
+    args = p.parse_args(argv)
+    if args.p < 2:
+        p.error("--p must be >= 2")
+    if not 0 < args.frac_train < 1:
+        p.error("--frac-train must be in (0, 1)")
+    if args.sigma < 0:
+        p.error("--sigma is a standard deviation and must be >= 0")
+    for name in ["d_model", "heads", "d_mlp", "epochs", "reps", "eval_every"]:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.d_model % args.heads:
+        p.error("--d-model must be a multiple of --heads")
+    if args.lr <= 0 or args.weight_decay < 0 or args.save_every < 0:
+        p.error("--lr must be > 0, --weight-decay and --save-every >= 0")
+    return args
+
+
+# -----------------------------------------------------------------------------
+# data: every pair (a, b) as the tokens "a b =", label (a + b) mod p
+
+
+def make_data(p, frac_train, seed):
+    """tokens (p^2, 3) with '=' as token p, labels (p^2,), and a boolean train mask from its own generator."""
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    a, b = a.flatten(), b.flatten()
+    tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)
+    labels = (a + b) % p
+    g = torch.Generator().manual_seed(seed)
+    train = torch.zeros(p * p, dtype=torch.bool)
+    train[torch.randperm(p * p, generator=g)[: int(frac_train * p * p)]] = True
+    return tokens, labels, train
+
+
+# -----------------------------------------------------------------------------
+# model: one attention layer and one MLP on a residual stream (Nanda et al. 2023), every tensor named
+
+
+class OneLayerTransformer(nn.Module):
+    def __init__(self, p, d_model, heads, d_mlp, residual=True):
+        super().__init__()
+        d_head, s = d_model // heads, d_model**-0.5
+        self.heads, self.residual = heads, residual
+        self.W_E = nn.Parameter(torch.randn(p + 1, d_model) * s)  # token embedding: numbers 0..p-1 and '='
+        self.W_pos = nn.Parameter(torch.randn(3, d_model) * s)  # positions of a, b, =
+        self.W_Q = nn.Parameter(torch.randn(heads, d_model, d_head) * s)
+        self.W_K = nn.Parameter(torch.randn(heads, d_model, d_head) * s)
+        self.W_V = nn.Parameter(torch.randn(heads, d_model, d_head) * s)
+        self.W_O = nn.Parameter(torch.randn(heads, d_head, d_model) * (heads * d_head) ** -0.5)
+        self.W_in = nn.Parameter(torch.randn(d_model, d_mlp) * s)
+        self.b_in = nn.Parameter(torch.zeros(d_mlp))
+        self.W_out = nn.Parameter(torch.randn(d_mlp, d_model) * d_mlp**-0.5)
+        self.b_out = nn.Parameter(torch.zeros(d_model))
+        self.W_U = nn.Parameter(torch.randn(d_model, p) * s)  # unembedding: logits over the p answers
+
+    def embed(self, tokens):
+        return self.W_E[tokens]  # (B, 3, d_model): the number embeddings the sensitivity perturbs
+
+    def forward_embedded(self, e):
+        """Logits (B, p) read at the '=' position. Only that position reaches the unembedding in a one-layer model,
+        so only its query, attention output and MLP are computed (exactly the same logits, 3x less work)."""
+        x = e + self.W_pos  # (B, 3, d_model) residual stream
+        q = torch.einsum("bd,hde->bhe", x[:, -1], self.W_Q)  # (B, heads, d_head): the query of '='
+        k = torch.einsum("btd,hde->bhte", x, self.W_K)  # (B, heads, 3, d_head)
+        v = torch.einsum("btd,hde->bhte", x, self.W_V)
+        att = (torch.einsum("bhe,bhte->bht", q, k) / math.sqrt(q.shape[-1])).softmax(-1)  # (B, heads, 3)
+        z = torch.einsum("bht,bhte->bhe", att, v)  # (B, heads, d_head)
+        attn_out = torch.einsum("bhe,hed->bd", z, self.W_O)
+        x = x[:, -1] + attn_out if self.residual else attn_out  # (B, d_model)
+        mlp_out = F.relu(x @ self.W_in + self.b_in) @ self.W_out + self.b_out
+        x = x + mlp_out if self.residual else mlp_out
+        return x @ self.W_U
+
+    def forward(self, tokens):
+        return self.forward_embedded(self.embed(tokens))
+
+
+def loss_fn(logits, labels):
+    """Cross-entropy in float64: in float32 the log-softmax of confident predictions underflows and the loss spikes."""
+    return F.cross_entropy(logits.double(), labels)
+
+
+# -----------------------------------------------------------------------------
+# metrics
+
+
+@torch.no_grad()
+def evaluate(model, tokens, labels, train, sigma, reps, generator):
+    logits = model(tokens)
+    row = {}
+    for name, m in [("train", train), ("test", ~train)]:
+        row[f"{name}_loss"] = loss_fn(logits[m], labels[m]).item()
+        row[f"{name}_acc"] = (logits[m].argmax(1) == labels[m]).float().mean().item()
+    row["weight_norm"] = math.sqrt(sum(p.pow(2).sum().item() for p in model.parameters()))
+    e = model.embed(tokens[train])  # (N, 3, d_model) number embeddings of the training pairs
+    eq = e[:, 2:]  # the '=' embedding, never perturbed
+    # token-wise (the paper's definition): a, then b, each perturbed alone; '=' is masked out
+    mask = torch.tensor([True, True, False], device=e.device).expand(len(e), 3)
+    s = sensitivity(lambda xb, idx: model.forward_embedded(xb), e, gaussian(sigma), mask=mask, reps=reps,
+                    generator=generator)
+    row["sens"], row["sens_stderr"] = s.mean, s.stderr
+    # joint (the authors' code): a and b perturbed together, as one token of width 2 * d_model
+    ab = e[:, :2].reshape(len(e), 1, -1)
+    s = sensitivity(lambda xb, idx: model.forward_embedded(torch.cat([xb.view(len(xb), 2, -1), eq[idx]], 1)), ab,
+                    gaussian(sigma), reps=reps, generator=generator)
+    row["sens_joint"], row["sens_joint_stderr"] = s.mean, s.stderr
+    return row
+
+
+def phases(history):
+    """Epochs at which train accuracy first reaches 100% (memorised) and test accuracy first exceeds 95% (grokked)."""
+    first = lambda cond: next((h["epoch"] for h in history if cond(h)), None)
+    return first(lambda h: h["train_acc"] >= 1.0), first(lambda h: h["test_acc"] > 0.95)
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def train_one(args, seed, data, results, folder, device):
+    tokens, labels, train = data
+    seed_all(seed)
+    model = OneLayerTransformer(args.p, args.d_model, args.heads, args.d_mlp, residual=not args.no_residual)
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
+    gen = torch.Generator(device).manual_seed(seed)
+    run = f"p{args.p}/seed{seed}"
+    x, y = tokens[train], labels[train]
+    t0 = time.time()
+    for epoch in range(args.epochs + 1):
+        if epoch % args.eval_every == 0 or epoch == args.epochs:
+            row = {"epoch": epoch, **evaluate(model, tokens, labels, train, args.sigma, args.reps, gen),
+                   "time": time.time() - t0}
+            results.log(run, row)
+            print(f"{run} epoch {epoch:6d} | train loss {row['train_loss']:.2e} acc {row['train_acc']:.3f} | test "
+                  f"loss {row['test_loss']:.2e} acc {row['test_acc']:.3f} | sens {row['sens']:.4f} joint "
+                  f"{row['sens_joint']:.4f} | |w| {row['weight_norm']:.1f} | {row['time']:.0f}s")
+        if args.save_every and epoch % args.save_every == 0:
+            torch.save(model.state_dict(), os.path.join(folder, f"seed{seed}-epoch{epoch}.pt"))
+        if epoch == args.epochs:
+            break
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    hist = results.data["runs"][run]["history"]
+    memorised, grokked = phases(hist)
+    final = {k: row[k] for k in ["sens", "sens_stderr", "sens_joint", "train_acc", "test_acc", "weight_norm"]}
+    final.update(epoch_memorised=memorised, epoch_grokked=grokked, time=row["time"])
+    results.final(run, final)
+    return final
+
+
+# -----------------------------------------------------------------------------
+# figure
+
+
+def plot(data, folder):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hists = [r["history"] for r in data["runs"].values() if r["history"]]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+    panels = [("accuracy", [("train_acc", "train"), ("test_acc", "test")]),
+              ("loss", [("train_loss", "train"), ("test_loss", "test")]),
+              ("sensitivity (train set)", [("sens", "token-wise"), ("sens_joint", "joint (a and b)")]),
+              ("total weight norm", [("weight_norm", "|w|")])]
+    for ax, (title, keys) in zip(axes, panels):
+        for key, label in keys:
+            plot_curves(ax, hists, "epoch", key, label)
+        for h in hists:  # the phase boundaries found from each run
+            memorised, grokked = phases(h)
+            if memorised is not None:
+                ax.axvline(memorised, color="gray", linestyle=":", linewidth=1)
+            if grokked is not None:
+                ax.axvline(grokked, color="black", linestyle="--", linewidth=1)
+        ax.set_xscale("symlog", linthresh=100)
+        ax.set_xlabel("epoch")
+        ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    path = f"{folder}/grokking.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    if args.plot:
+        print("wrote", plot(load_results(args.plot), args.plot))
+        return None
+    device = get_device(args.device)
+    folder = new_run_dir("grokking", args.run_name or f"p{args.p}", args.out_dir)
+    results = Results(folder, vars(args), device)
+    print(f"writing {folder}")
+    data = [t.to(device) for t in make_data(args.p, args.frac_train, args.data_seed)]
+    try:
+        for seed in args.seeds:
+            final = train_one(args, seed, data, results, folder, device)
+            print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
+                  f"{final['epoch_grokked']}, {final['time']:.0f}s")
+    except KeyboardInterrupt:
+        print("interrupted: metrics.json keeps every evaluation so far")
+    finally:
+        if any(r["history"] for r in results.data["runs"].values()):
+            print("wrote", plot(results.data, folder))
+    return results.data
+
+
+if __name__ == "__main__":
+    main(parse_args())

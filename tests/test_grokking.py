@@ -1,0 +1,83 @@
+"""grokking.py: the dataset, the model (its last-position shortcut against the full computation), the float64 loss,
+the phase detection and a short end-to-end run."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import grokking
+
+
+def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
+    tokens, labels, train = grokking.make_data(13, 0.3, seed=0)
+    assert tokens.shape == (169, 3) and (tokens[:, 2] == 13).all()
+    assert {(a, b) for a, b in tokens[:, :2].tolist()} == {(a, b) for a in range(13) for b in range(13)}
+    assert torch.equal(labels, (tokens[:, 0] + tokens[:, 1]) % 13)
+    assert train.sum() == int(0.3 * 169)
+    assert torch.equal(grokking.make_data(13, 0.3, seed=0)[2], train)
+    assert not torch.equal(grokking.make_data(13, 0.3, seed=1)[2], train)
+
+
+def full_forward(model, tokens):
+    """The textbook computation: causal attention and MLP at every position, logits read at the last one."""
+    x = model.embed(tokens) + model.W_pos  # (B, 3, d)
+    q = torch.einsum("btd,hde->bhte", x, model.W_Q)
+    k = torch.einsum("btd,hde->bhte", x, model.W_K)
+    v = torch.einsum("btd,hde->bhte", x, model.W_V)
+    att = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    att = att.masked_fill(~torch.tril(torch.ones(3, 3, dtype=torch.bool)), float("-inf")).softmax(-1)
+    x = x + torch.einsum("bhte,hed->btd", att @ v, model.W_O)
+    x = x + F.relu(x @ model.W_in + model.b_in) @ model.W_out + model.b_out
+    return x[:, -1] @ model.W_U
+
+
+def test_last_position_shortcut_equals_the_full_computation():
+    torch.manual_seed(0)
+    model = grokking.OneLayerTransformer(13, 32, 4, 64)
+    tokens, _, _ = grokking.make_data(13, 0.3, seed=0)
+    out = model(tokens)
+    assert out.shape == (169, 13)
+    assert torch.allclose(out, full_forward(model, tokens), atol=1e-5)
+    assert model(tokens[:5]).shape == (5, 13)
+    assert grokking.OneLayerTransformer(13, 32, 4, 64, residual=False)(tokens).shape == (169, 13)
+
+
+def test_loss_is_float64_where_float32_underflows():
+    """A confident, correct prediction: float32 cross-entropy rounds to exactly 0, float64 keeps the tiny loss."""
+    logits = torch.tensor([[20.0, 0.0, 0.0]])  # loss = log(1 + 2 e^-20) = 4.1e-9
+    labels = torch.tensor([0])
+    assert F.cross_entropy(logits, labels).item() == 0.0
+    loss = grokking.loss_fn(logits, labels)
+    assert loss.dtype == torch.float64 and loss.item() == pytest.approx(2 * math.exp(-20), rel=1e-6)
+
+
+def test_phases():
+    hist = [{"epoch": e, "train_acc": tr, "test_acc": te} for e, tr, te in
+            [(0, 0.1, 0.0), (100, 1.0, 0.05), (200, 1.0, 0.5), (300, 1.0, 0.97)]]
+    assert grokking.phases(hist) == (100, 300)
+    assert grokking.phases(hist[:2]) == (100, None)
+
+
+def test_end_to_end(tmp_path):
+    argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--d-model", "16", "--heads", "2", "--d-mlp", "32",
+            "--seeds", "0", "1", "--save-every", "4", "--out-dir", str(tmp_path), "--run-name", "t"]
+    grokking.main(grokking.parse_args(argv))
+    folder = tmp_path / "grokking" / "t"
+    data = json.loads((folder / "metrics.json").read_text())
+    assert set(data["runs"]) == {"p11/seed0", "p11/seed1"}
+    run = data["runs"]["p11/seed0"]
+    assert [h["epoch"] for h in run["history"]] == [0, 2, 4]
+    for key in ["sens", "sens_stderr", "sens_joint", "train_acc", "test_acc", "weight_norm", "epoch_memorised",
+                "epoch_grokked"]:
+        assert key in run["final"]
+    assert 0 <= run["final"]["sens"] <= 1 and run["final"]["weight_norm"] > 0
+    assert (folder / "seed0-epoch4.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
+
+
+def test_bad_arguments():
+    for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--d-model", "30", "--heads", "4"], ["--p", "1"]]:
+        with pytest.raises(SystemExit):
+            grokking.parse_args(argv)
