@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
+import vision
 from common import default_batch_size, environment, gaussian, get_device, patchify, sensitivity, write_json
 
 
@@ -43,34 +44,18 @@ def parse_args(argv=None):
 # two small models: a ViT on 32x32x3 (64 patch tokens) and an MLP on 28x28x1 (16 patch tokens)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x))."""
-
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(hs)) v, (B, nh, T, hs)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp(self.ln2(x))
-
-
 class TinyViT(nn.Module):
+    """vision.py's transformer on patch tokens: linear patch embedding, learned positions, mean pooling."""
+
     def __init__(self, *, image=32, channels=3, patch=4, dim=64, depth=2, heads=4, classes=10):
         super().__init__()
         self.embed = nn.Linear(channels * patch * patch, dim)
         self.pos = nn.Parameter(0.02 * torch.randn(1, (image // patch) ** 2, dim))
-        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
-        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, classes))
+        self.transformer = vision.Transformer(dim, depth, heads, dim // heads, 2 * dim, dropout=0.0)
+        self.head = nn.Linear(dim, classes)
 
     def forward(self, tokens):  # (B, T, C*p*p) patch tokens
-        return self.head(self.blocks(self.embed(tokens) + self.pos).mean(1))
+        return self.head(self.transformer(self.embed(tokens) + self.pos).mean(1))
 
 
 class TinyMLP(nn.Module):
@@ -171,8 +156,6 @@ def bench_training(name, model, x, y, rounds, device):
     authors' num_workers=0), one epoch each, same model, SGD, interleaved rounds."""
     from torchvision import transforms
 
-    import vision
-
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator(device).manual_seed(0)
     xd, yd = x.to(device), y.to(device)
@@ -245,8 +228,6 @@ def main(args):
     mlp = TinyMLP().to(device)
     results.update(bench_estimator("mlp", mlp, patchify(torch.randn(16 * n, 1, 28, 28, device=device), 7),
                                    args.batch_size, args.rounds, device))
-    import vision
-
     g = torch.Generator().manual_seed(0)
     x28 = torch.randint(0, 256, (30 * n, 1, 28, 28), generator=g, dtype=torch.uint8)
     y28 = torch.randint(0, 10, (30 * n,), generator=g)

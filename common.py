@@ -273,6 +273,25 @@ def plot_curves(ax, histories, x_key, y_key, label, **kw):
         ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path):
+    """Lay out, write as PNG and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def load_results(path):
     """Read a metrics.json (or the folder holding it); a missing or corrupt file is a ValueError that says so."""
     if os.path.isdir(path):

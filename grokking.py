@@ -20,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Results, gaussian, get_device, load_results, new_run_dir, plot_curves, seed_all, sensitivity
+from common import (Results, gaussian, get_device, load_results, new_run_dir, plot_curves, pyplot, save_figure,
+                    seed_all, sensitivity)
 
 
 def parse_args(argv=None):
@@ -206,9 +207,7 @@ def train_one(args, seed, data, results, folder, device):
 
 
 def plot(data, folder):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     hists = [r["history"] for r in data["runs"].values() if r["history"]]
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
@@ -230,11 +229,7 @@ def plot(data, folder):
         ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
         ax.legend(fontsize=7)
     axes[1].set_yscale("log")
-    fig.tight_layout()
-    path = f"{folder}/grokking.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, f"{folder}/grokking.png")
 
 
 def main(args):

@@ -18,7 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Results, flip, get_device, load_results, new_run_dir, plot_curves, seed_all, sensitivity
+from common import (Results, flip, get_device, load_results, new_run_dir, plot_curves, pyplot, save_figure, seed_all,
+                    sensitivity)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]
 SETTINGS = {
@@ -234,9 +235,7 @@ def train_one(args, s, results, device):
 
 
 def plot(data, folder, k):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = {run: r for run, r in data["runs"].items() if r["history"]}
     fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), squeeze=False, sharex=True)
@@ -254,11 +253,7 @@ def plot(data, folder, k):
         ax.set_ylabel("Boolean sensitivity")
         ax.set_xlabel("Adam step")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = f"{folder}/parity.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, f"{folder}/parity.png")
 
 
 def main(args):

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Results, get_device, load_results, new_run_dir, plot_curves, replace, seed_all, sensitivity
+from common import (Results, get_device, load_results, new_run_dir, plot_curves, pyplot, replace, save_figure, seed_all,
+                    sensitivity)
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -282,9 +283,7 @@ def train_one(args, label, sizes, seed, results, device):
 
 def plot(data, folder):
     """Fig. 3 (one column per setting: accuracies, alignments, attention mass, sensitivities) from metrics.json."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = {}
     for run, r in data["runs"].items():
@@ -305,11 +304,7 @@ def plot(data, folder):
             axes[i, j].set_ylabel(ylabel)
             axes[i, j].legend(fontsize=7)
         axes[-1, j].set_xlabel("SGD step")
-    fig.tight_layout()
-    path = f"{folder}/synthetic.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, f"{folder}/synthetic.png")
 
 
 def main(args):

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, gaussian, get_device, load_results, new_run_dir, patchify, plot_curves, seed_all,
-                    sensitivity, unpatchify)
+from common import (Results, gaussian, get_device, load_results, new_run_dir, patchify, plot_curves, pyplot,
+                    save_figure, seed_all, sensitivity, unpatchify)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -631,9 +631,7 @@ def pretrained_run(args, results, device):
 
 
 def plot(data, folder):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = {}
     for run, r in data["runs"].items():
@@ -652,10 +650,7 @@ def plot(data, folder):
             ax.set_title(t)
             ax.set_xlabel("epoch")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(f"{folder}/sensitivity.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
     finals = {run: r["final"] for run, r in data["runs"].items() if r["final"].get("sens_by_sigma")}
     if finals and len(next(iter(finals.values()))["sens_by_sigma"]) > 1:  # Fig. 17: the sigma sweep
         fig, ax = plt.subplots(figsize=(5, 4))
@@ -667,10 +662,7 @@ def plot(data, folder):
         ax.set_ylabel("sensitivity")
         ax.set_xscale("log")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(f"{folder}/sigma_sweep.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save_figure(fig, f"{folder}/sigma_sweep.png"))
     maps = {run: r["final"]["sens_map"] for run, r in data["runs"].items() if r["final"].get("sens_map")}
     if maps:
         fig, axes = plt.subplots(1, len(maps), figsize=(2.6 * len(maps), 2.8), squeeze=False)
@@ -680,10 +672,7 @@ def plot(data, folder):
             ax.set_xticks([])
             ax.set_yticks([])
             fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.tight_layout()
-        paths.append(f"{folder}/sensitivity_maps.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_maps.png"))
     return paths
 
 
