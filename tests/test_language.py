@@ -1,0 +1,143 @@
+"""language.py: GLUE reading and the tokenizer on a tiny TSV written here, pair encoding, model shapes and padding
+masks, the hand-written LSTM against torch.nn.LSTM, the right-aligned sensitivity profile, a short end-to-end run."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+import torch.nn as nn
+
+import language
+
+PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
+         ("Stocks fell 3% today.", "The weather was sunny, they said.", 0),
+         ("He said: it works.", "It works, he said.", 1),
+         ("Nothing here matches", "something else entirely", 0)]
+
+
+def write_mrpc(folder, pairs, name):
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    lines += [f"{y}\t{i}\t{i + 1000}\t{a}\t{b}" for i, (a, b, y) in enumerate(pairs)]
+    (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_tsv_reading_and_tokenizer_round_trip(tmp_path):
+    write_mrpc(tmp_path / "MRPC", PAIRS, "train.tsv")
+    pairs = language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
+    assert pairs == PAIRS
+    tok = language.Tokenizer([t for a, b, _ in pairs for t in (a, b)], size=1000)
+    assert tok.itos[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    for text in [s for a, b, _ in pairs for s in (a, b)]:
+        assert tok.decode(tok.encode(text)) == language.words(text)  # every training word is in the vocabulary
+    assert language.words("He said: it WORKS.") == ["he", "said", ":", "it", "works", "."]
+    small = language.Tokenizer([t for a, b, _ in pairs for t in (a, b)], size=3)
+    assert small.decode(small.encode("zebra the")) == ["<unk>", "the"]  # "the" is among the 3 most frequent
+
+
+def test_pair_encoding_is_roberta_style_and_truncates():
+    tok = language.Tokenizer(["a b c d e f g h"], size=100)
+    seq = tok.encode_pair("a b c", "d e", max_len=20)
+    assert tok.decode(seq) == ["<s>", "a", "b", "c", "</s>", "</s>", "d", "e", "</s>"]
+    seq = tok.encode_pair("a b c d e f g", "h", max_len=8)
+    assert len(seq) == 8 and tok.decode(seq) == ["<s>", "a", "b", "c", "</s>", "</s>", "h", "</s>"]
+    ids, y = language.encode([("a b", "c", 1), ("d", "e f g", 0)], tok, 12)
+    assert ids.shape == (2, 12) and (ids[:, -1] == language.PAD).all() and y.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("name,attn", [("roberta", "softmax"), ("roberta", "relu"), ("gpt2", "softmax"),
+                                       ("lstm", "softmax")])
+def test_models_ignore_padding(name, attn):
+    """Logits of shape (B, 2), and changing the token at a padded position changes nothing."""
+    args = language.parse_args(["--width", "32", "--heads", "4", "--layers", "2", "--max-len", "16"])
+    torch.manual_seed(0)
+    model = language.build_model(name, attn, 50, args).eval()
+    tokens = torch.randint(4, 50, (3, 16))
+    tokens[0, 10:] = language.PAD
+    tokens[1, 5:] = language.PAD
+    out = model(tokens)
+    assert out.shape == (3, 2)
+    e = model.embed_normed(tokens)
+    e2 = e.clone()
+    e2[0, 12] += 5.0  # perturb a padded position's (normalised) embedding
+    e2[1, 9] -= 3.0
+    mask = tokens != language.PAD
+    assert torch.allclose(model.forward_normed(e, mask), model.forward_normed(e2, mask), atol=1e-5)
+
+
+def test_hand_written_lstm_matches_torch():
+    """The LSTM layer equals torch.nn.LSTM with the same weights; --fused runs that and gives the same logits."""
+    torch.manual_seed(0)
+    layer = language.LSTMLayer(8, 16)
+    ref = nn.LSTM(8, 16, batch_first=True)
+    with torch.no_grad():
+        ref.weight_ih_l0.copy_(layer.W_ih)
+        ref.weight_hh_l0.copy_(layer.W_hh)
+        ref.bias_ih_l0.copy_(layer.b_ih)
+        ref.bias_hh_l0.copy_(layer.b_hh)
+    x = torch.randn(4, 7, 8)
+    assert torch.allclose(layer(x), ref(x)[0], atol=1e-6)
+    model = language.LSTMClassifier(30, 16, 3, 0.0).eval()
+    tokens = torch.randint(4, 30, (5, 9))
+    tokens[2, 6:] = language.PAD
+    plain = model(tokens)
+    model.fused = True
+    assert torch.allclose(plain, model(tokens), atol=1e-5)
+
+
+class LastToken(nn.Module):
+    """A stand-in with the models' interface: the label is the sign of the last real token's first coordinate."""
+
+    def embed_normed(self, tokens):
+        return (tokens != language.PAD).float()[..., None].expand(-1, -1, 3) * 0.5
+
+    def forward_normed(self, e, mask):
+        v = e[torch.arange(len(e)), mask.sum(1) - 1, 0]
+        return torch.stack([torch.zeros_like(v), v], 1)
+
+
+def test_right_aligned_profile_counts_from_the_end():
+    tokens = torch.full((4, 10), language.PAD)
+    for i, n in enumerate([3, 5, 8, 10]):
+        tokens[i, :n] = 5
+    right = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "right", seed=0)
+    assert right.per_position[-1] > 0.2 and (right.per_position[:-1] == 0).all()
+    left = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "left", seed=0)
+    assert set(torch.nonzero(left.per_position > 0).flatten().tolist()) == {2, 4, 7, 9}
+    assert abs(left.mean - right.mean) < 4 * (left.stderr**2 + right.stderr**2) ** 0.5 + 0.02
+
+
+def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match=r"train.tsv.*--download"):
+        language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
+    (tmp_path / "bad.tsv").write_text("a\tb\n1\t2\n")
+    with pytest.raises(SystemExit, match="not a GLUE MRPC file"):
+        language.read_tsv(str(tmp_path / "bad.tsv"), "mrpc")
+
+    def offline(*a, **k):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    with pytest.raises(SystemExit, match="cannot download"):
+        language.download("mrpc", str(tmp_path))
+
+
+def test_end_to_end(tmp_path):
+    write_mrpc(tmp_path / "MRPC", PAIRS * 5, "train.tsv")
+    write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
+    argv = ["--data-dir", str(tmp_path), "--model", "roberta", "gpt2", "lstm", "--attn", "softmax", "relu",
+            "--width", "16", "--heads", "2", "--layers", "1", "--max-len", "24", "--epochs", "1", "--batch-size", "5",
+            "--sens-every", "10", "--n-sens", "6", "--sens-valid", "--out-dir", str(tmp_path), "--run-name", "t"]
+    language.main(language.parse_args(argv))
+    folder = tmp_path / "language" / "t"
+    data = json.loads((folder / "metrics.json").read_text())
+    assert set(data["runs"]) == {"roberta-softmax/seed0", "roberta-relu/seed0", "gpt2-softmax/seed0",
+                                 "gpt2-relu/seed0", "lstm/seed0"}
+    run = data["runs"]["lstm/seed0"]
+    assert [h["examples"] for h in run["history"]] == [0, 10, 20]
+    for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_valid"]:
+        assert isinstance(run["final"][key], float)
+    assert len(run["final"]["sens_by_position"]) == 24
+    assert (folder / "sensitivity.png").exists() and (folder / "sensitivity_by_position.png").exists()
