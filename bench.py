@@ -5,6 +5,10 @@
 - est_speedup_<model>: the estimator vs the naive method of the authors' code (a batch of 100 inputs, a Python loop
   over (position, draw) with one forward of the 100 perturbed inputs per draw and .item() after each), at the same
   total number of evaluations.
+- train_speedup_<model>: training images/s of vision.py's on-device data pipeline / a torchvision Dataset +
+  DataLoader + ToTensor/Normalize pipeline (batch 100), same model.
+- est_eff_roberta: the estimator's efficiency on language.py's RoBERTa encoder (padding masks, right-aligned profile).
+- lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
@@ -180,6 +184,46 @@ def bench_training(name, model, x, y, rounds, device):
             f"train_images_per_s_{name}": len(x) / median([t[0] for t in times])}
 
 
+def bench_language(rounds, device):
+    """language.py's models: the estimator's efficiency on the RoBERTa encoder (masked, right-aligned profile, as
+    language.py measures it), and the speed-up of --fused (torch.nn.LSTM) over the hand-written LSTM, forward and
+    backward of one batch of 32 as in training."""
+    import language
+
+    small = language.parse_args([])  # the paper's size: 4 layers, width 256, 8 heads
+    n, T = (256, 128) if device.type == "cuda" else (12, 64)  # pairs, tokens: CPU-sized to finish in seconds
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, 1000, (n, T), generator=g)
+    lengths = torch.randint(T // 4, T + 1, (n,), generator=g)
+    tokens[torch.arange(T) >= lengths[:, None]] = language.PAD  # padded to different lengths, as real pairs
+    tokens = tokens.to(device)
+    roberta = language.build_model("roberta", "softmax", 1000, small).to(device).eval()
+    mask = tokens != language.PAD
+    evals = int(mask.sum())
+
+    def forwards():  # plain forward passes over as many rows, at the estimator's batch size
+        e = roberta.embed_normed(tokens)
+        bs = default_batch_size(e)
+        rows = torch.arange(evals, device=device) % n
+        with torch.inference_mode():
+            for i in range(0, evals, bs):
+                roberta.forward_normed(e[rows[i:i + bs]], mask[rows[i:i + bs]])
+
+    times = timed_rounds([lambda: language.measure_sensitivity(roberta, tokens, 1.0, 1, None, "right", 0), forwards],
+                         device, rounds)
+    out = {"est_eff_roberta": median([t[1] / t[0] for t in times])}
+    lstm = language.build_model("lstm", None, 1000, small).to(device).train()
+    batch = tokens[:32]
+
+    def step(fused):
+        lstm.fused = fused
+        F.cross_entropy(lstm(batch), torch.zeros(32, dtype=torch.long, device=device)).backward()
+
+    times = timed_rounds([lambda: step(True), lambda: step(False)], device, rounds)
+    out["lstm_fused_speedup"] = median([t[1] / t[0] for t in times])
+    return out
+
+
 def rss_mb():
     """This process's resident memory now, in MB (Linux /proc/self/status)."""
     with open("/proc/self/status") as fh:
@@ -236,6 +280,7 @@ def main(args):
         model = vision.build_model(name, small, 1, 28, 10).to(device)
         results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
                                       y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
+    results.update(bench_language(args.rounds, device))
     results.update(bench_memory(device))
     for k, v in results.items():
         print(f"{k} {v:.4g}")

@@ -53,6 +53,7 @@ def parse_args(argv=None):
     # sensitivity
     p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations")
     p.add_argument("--n-sens", type=int, default=1000, help="training inputs the sensitivity is measured on")
+    p.add_argument("--n-eval", type=int, default=2000, help="training inputs the train accuracy/loss is measured on")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/parity/<run-name>/")
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not 1 <= args.k <= args.n:
         p.error("need 1 <= --k <= --n")
-    for name in ["n_test", "heads", "layers", "steps", "eval_every", "n_sens"]:
+    for name in ["n_test", "heads", "layers", "steps", "eval_every", "n_sens", "n_eval"]:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ["n_train", "dim", "batch_size"]:
@@ -176,6 +177,7 @@ def exact_sensitivity(model, n, device):
 
 @torch.no_grad()
 def evaluate(model, sets, sens_x, relevant_mask, n):
+    """Loss and accuracy on each set, Boolean sensitivity on sens_x (count, normalised, per bit, on the k bits)."""
     model.eval()
     row = {}
     for name, (x, y) in sets.items():
@@ -193,8 +195,9 @@ def evaluate(model, sets, sens_x, relevant_mask, n):
 def train_one(args, s, results, device):
     hp = setting(args, s)
     relevant, train, test = make_task(args.n, args.k, hp["n_train"], args.n_test, args.data_seed)
-    sets = {"train": tuple(t.to(device) for t in train), "test": tuple(t.to(device) for t in test)}
-    sens_x = sets["train"][0][: args.n_sens]
+    x_train, y_train = (t.to(device) for t in train)
+    sets = {"train": (x_train[: args.n_eval], y_train[: args.n_eval]), "test": tuple(t.to(device) for t in test)}
+    sens_x = x_train[: args.n_sens]
     relevant_mask = torch.zeros(args.n, dtype=torch.bool)
     relevant_mask[relevant] = True
     seed_all(hp["seed"])
@@ -203,7 +206,6 @@ def train_one(args, s, results, device):
     run = f"setting{s}/seed{hp['seed']}"
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
     gen = torch.Generator(device).manual_seed(hp["seed"])
-    x_train, y_train = sets["train"]
     t0 = time.time()
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:

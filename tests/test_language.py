@@ -47,6 +47,17 @@ def test_pair_encoding_is_roberta_style_and_truncates():
     assert ids.shape == (2, 12) and (ids[:, -1] == language.PAD).all() and y.tolist() == [1, 0]
 
 
+def test_trimming_padding_changes_nothing():
+    args = language.parse_args(["--width", "32", "--heads", "4", "--layers", "2", "--max-len", "16"])
+    tokens = torch.randint(4, 50, (3, 16))
+    tokens[:, 9:] = language.PAD
+    tokens[0, 7:] = language.PAD
+    assert language.trim(tokens).shape == (3, 9)
+    for name in ["roberta", "gpt2", "lstm"]:
+        model = language.build_model(name, "softmax", 50, args).eval()
+        assert torch.allclose(model(tokens), model(language.trim(tokens)), atol=1e-5)
+
+
 @pytest.mark.parametrize("name,attn", [("roberta", "softmax"), ("roberta", "relu"), ("gpt2", "softmax"),
                                        ("lstm", "softmax")])
 def test_models_ignore_padding(name, attn):
@@ -139,5 +150,5 @@ def test_end_to_end(tmp_path):
     assert [h["examples"] for h in run["history"]] == [0, 10, 20]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_valid"]:
         assert isinstance(run["final"][key], float)
-    assert len(run["final"]["sens_by_position"]) == 24
+    assert len(run["final"]["sens_by_position"]) <= 24
     assert (folder / "sensitivity.png").exists() and (folder / "sensitivity_by_position.png").exists()
