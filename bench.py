@@ -9,6 +9,7 @@
   DataLoader + ToTensor/Normalize pipeline (batch 100), same model.
 - est_eff_roberta: the estimator's efficiency on language.py's RoBERTa encoder (padding masks, right-aligned profile).
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
+- corruption_images_per_s: images/s of robustness.py's generated corruptions (all 15, severities 1-5), absolute.
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
@@ -224,6 +225,24 @@ def bench_language(rounds, device):
     return out
 
 
+def bench_corruptions(device, n=1000):
+    """Images/s of robustness.py's generated corruptions: every corruption at every severity on n 32x32x3 images."""
+    import robustness
+
+    x = torch.randint(0, 256, (n, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    x, gen = x.to(device), torch.Generator(device).manual_seed(0)
+    robustness.corrupt(x[:10], "fog", 1, gen)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for name in robustness.SEVERITY:
+        for s in range(1, 6):
+            robustness.corrupt(x, name, s, gen)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"corruption_images_per_s": n * len(robustness.SEVERITY) * 5 / (time.perf_counter() - t0)}
+
+
 def rss_mb():
     """This process's resident memory now, in MB (Linux /proc/self/status)."""
     with open("/proc/self/status") as fh:
@@ -281,6 +300,7 @@ def main(args):
         results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
                                       y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
     results.update(bench_language(args.rounds, device))
+    results.update(bench_corruptions(device))
     results.update(bench_memory(device))
     for k, v in results.items():
         print(f"{k} {v:.4g}")
