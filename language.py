@@ -293,6 +293,7 @@ class LSTMClassifier(nn.Module):
         self.layers = nn.ModuleList([LSTMLayer(width, width) for _ in range(layers)])
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(width, 2)
+        self._fused = {}  # the torch.nn.LSTM shell per device; a plain dict, so its own weights are never registered
 
     def embed_normed(self, tokens):
         return self.norm(self.embed(tokens))
@@ -303,8 +304,10 @@ class LSTMClassifier(nn.Module):
             for name in ["W_ih", "W_hh", "b_ih", "b_hh"]:
                 torch_name = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh"}[name]
                 weights[f"{torch_name}_l{i}"] = getattr(layer, name)
-        lstm = nn.LSTM(x.shape[-1], self.layers[0].hidden, len(self.layers), batch_first=True,
-                       dropout=self.drop.p if self.training else 0.0)
+        if x.device not in self._fused:  # built once: constructing it draws 4 * 8 * hidden^2 random numbers
+            self._fused[x.device] = nn.LSTM(x.shape[-1], self.layers[0].hidden, len(self.layers), batch_first=True,
+                                            dropout=self.drop.p, device=x.device)
+        lstm = self._fused[x.device].train(self.training)  # inter-layer dropout only in training, as the cell path
         return torch.func.functional_call(lstm, weights, (x,))[0]
 
     def forward_normed(self, e, mask):

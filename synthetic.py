@@ -9,11 +9,11 @@ one (to replacing one token by a uniformly random vocabulary token), and the mod
 - sparse-lower   n_s = 3, frequent margin (2 alpha - 1) n_f = 1: the sparse vote is less sensitive -> OOD accuracy ~0
 - frequent-lower n_s = 1, alpha = 1 (margin n_f = 10): the frequent vote is less sensitive -> OOD accuracy stays ~1
 
-The paper's sizes were lost; ours are in ../shared/paper/SETTINGS.md section 2 (every size is a flag).
+The paper's sizes were lost; the ones below and in the flags are our choice (see the README).
 
     python synthetic.py                          # both presets, 3 seeds each, one figure (about 1 minute on a CPU)
     python synthetic.py --case sparse-lower --seeds 0
-    python synthetic.py --fig12                  # 4 settings per case (Fig. 12 grid), a few minutes
+    python synthetic.py --fig12                  # 4 settings per case (Fig. 12 grid), about 5 minutes
     python synthetic.py --plot out/synthetic/cases   # redraw the figures from metrics.json
 """
 

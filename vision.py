@@ -5,9 +5,9 @@ token-wise sensitivity on a fixed subset of the training set: Gaussian noise N(0
 normalised image at a time, every patch in turn, the same patch grid for every architecture.
 
     python vision.py --model vit --sigma 0.1                       # CIFAR-10 (downloads it), the paper's headline
-    python vision.py --dataset fashionmnist --data-dir DATA --model vit mlp mlp-sigmoid cnn --n-train 3000 \\
-        --epochs 15 --depth 4 --heads 4 --dim-head 16              # the Fashion-MNIST ordering, ~10 min on 2 cores
-    python vision.py --dataset fake --model vit resnet18 --epochs 1 --n-train 200   # offline smoke test, seconds
+    python vision.py --dataset fashionmnist --data-dir DATA --model vit mlp mlp-sigmoid cnn --lr cnn=0.05 \\
+        mlp-sigmoid=1.0 --n-train 3000 --epochs 30 --depth 4 --heads 4 --dim-head 16 --sigma 1 0.1 0.3 3   # 5 min
+    python vision.py --dataset fake --model vit mlp --epochs 1 --n-train 200   # offline smoke test, seconds
     python vision.py --pretrained convnext_tiny vit_l_16 --imagenet-dir IMAGENET/train   # Sec. 5, no training
 """
 
@@ -33,7 +33,7 @@ DATASETS = {
     "fake": (3, 32, 10, None),
     "fake28": (1, 28, 10, None),
 }
-# per-model default learning rates [paper, SETTINGS.md section 3]: CIFAR-10 for the ViTs, ConvMixer and CNNs,
+# per-model default learning rates of the paper (App. D): CIFAR-10 for the ViTs, ConvMixer and CNNs,
 # Fashion-MNIST for the MLPs and the small CNN (the ViT has 0.1 on both)
 LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "densenet121": 0.005, "mlp": 0.1,
       "mlp-sigmoid": 0.5, "cnn": 0.005}
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     # optimisation
     p.add_argument("--optimizer", type=str, default="sgd", choices=["sgd", "adam"], help="paper: SGD (Fig. 14: Adam)")
     p.add_argument("--lr", nargs="+", default=[], help="learning rate for all models (0.05) or per model "
-                   "(cnn=0.05 vit=0.1); models not named keep their default (SETTINGS.md)")
+                   "(cnn=0.05 vit=0.1); models not named keep the paper's rate for them (LR below)")
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum [author code: none]")
     p.add_argument("--weight-decay", type=float, default=0.0, help="weight decay [author code: none]")
     p.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],

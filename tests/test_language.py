@@ -94,8 +94,11 @@ def test_hand_written_lstm_matches_torch():
     tokens = torch.randint(4, 30, (5, 9))
     tokens[2, 6:] = language.PAD
     plain = model(tokens)
+    n_params = len(list(model.parameters()))
     model.fused = True
     assert torch.allclose(plain, model(tokens), atol=1e-5)
+    assert torch.allclose(plain, model(tokens), atol=1e-5)  # the cached torch.nn.LSTM shell, second call
+    assert len(list(model.parameters())) == n_params  # its own weights are not the model's
 
 
 class LastToken(nn.Module):
