@@ -128,3 +128,21 @@ def test_pretrained_mode_offline_with_random_weights(tmp_path):
     data = vision.main(vision.parse_args(argv))
     final = data["runs"]["convnext_tiny/pretrained"]["final"]
     assert 0 <= final["sens"] <= 1 and "sens_stderr" in final
+
+
+def test_compile_flag_runs_the_compiled_model(tmp_path, monkeypatch):
+    """--compile trains and measures through torch.compile. The test traces with TorchDynamo's 'eager' backend
+    (no code generation, seconds); the default inductor backend was checked by hand (minutes of compiling on a CPU)."""
+    compiled = []
+    real = torch.compile
+
+    def compile_eager(model):
+        compiled.append(model)
+        return real(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", compile_eager)
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "32", "--epochs", "1", "--n-train", "100",
+            "--n-test", "50", "--n-sens", "5", "--compile", "--out-dir", str(tmp_path), "--run-name", "c"]
+    data = vision.main(vision.parse_args(argv))
+    assert len(compiled) == 1 and isinstance(compiled[0], vision.MLP)
+    assert 0 <= data["runs"]["mlp/seed0"]["final"]["train_acc"] <= 1
