@@ -235,6 +235,15 @@ def environment(device):
     return {"torch": torch.__version__, "device": name, "git_commit": commit}
 
 
+def start_run(script, args, default_name):
+    """What every script's main does first: the device, a fresh out/<script>/<run> folder, its metrics.json."""
+    device = get_device(args.device)
+    folder = new_run_dir(script, args.run_name or default_name, args.out_dir)
+    results = Results(folder, vars(args), device)
+    print(f"writing {folder}")
+    return device, folder, results
+
+
 class Results:
     """The metrics.json every script writes, saved atomically after every change so Ctrl-C loses nothing:
     {"args": {...}, "env": {...}, "runs": {"<model>/seed<k>": {"history": [{...}, ...], "final": {...}}}}"""

@@ -20,8 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, gaussian, get_device, load_results, new_run_dir, plot_curves, pyplot, save_figure,
-                    seed_all, sensitivity)
+from common import gaussian, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
 
 
 def parse_args(argv=None):
@@ -236,10 +235,7 @@ def main(args):
     if args.plot:
         print("wrote", plot(load_results(args.plot), args.plot))
         return None
-    device = get_device(args.device)
-    folder = new_run_dir("grokking", args.run_name or f"p{args.p}", args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
+    device, folder, results = start_run("grokking", args, f"p{args.p}")
     data = [t.to(device) for t in make_data(args.p, args.frac_train, args.data_seed)]
     try:
         for seed in args.seeds:

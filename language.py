@@ -28,8 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, gaussian, get_device, load_results, new_run_dir, plot_curves, pyplot, save_figure,
-                    seed_all, sensitivity)
+from common import gaussian, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -477,13 +476,10 @@ def main(args):
     train = read_tsv(os.path.join(folder_data, "train.tsv"), args.task)[: args.n_train]
     valid = read_tsv(os.path.join(folder_data, "dev.tsv"), args.task)[: args.n_valid]
     tok = Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)
-    device = get_device(args.device)
+    device, folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}")
     data = {"train": [t.to(device) for t in encode(train, tok, args.max_len)],
             "valid": [t.to(device) for t in encode(valid, tok, args.max_len)]}
     print(f"{args.task}: {len(train)} train / {len(valid)} validation pairs, vocabulary {len(tok.itos)}")
-    folder = new_run_dir("language", args.run_name or f"{args.task}-{'-'.join(args.model)}", args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
     try:
         for name in args.model:
             for attn in (["softmax"] if name == "lstm" else args.attn):

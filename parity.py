@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, flip, get_device, load_results, new_run_dir, plot_curves, pyplot, save_figure, seed_all,
-                    sensitivity)
+from common import flip, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]
 SETTINGS = {
@@ -263,12 +262,9 @@ def main(args):
         data = load_results(args.plot)
         print("wrote", plot(data, args.plot, data["args"]["k"]))
         return None
-    device = get_device(args.device)
     which = list(SETTINGS) if args.all_settings else [args.setting]
-    name = args.run_name or f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
-    folder = new_run_dir("parity", name, args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
+    name = f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
+    device, folder, results = start_run("parity", args, name)
     try:
         for s in which:
             train_one(args, s, results, device)

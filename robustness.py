@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import vision
-from common import (Results, get_device, load_results, new_run_dir, patchify, plot_curves, pyplot, save_figure,
-                    seed_all, unpatchify)
+from common import load_results, patchify, plot_curves, pyplot, save_figure, seed_all, start_run, unpatchify
 
 # -----------------------------------------------------------------------------
 # corruptions: float images in [0, 1], (B, C, H, W), batched on the device. Strength per severity 1..5 from the
@@ -472,11 +471,8 @@ def main(args):
     if args.plot:
         print("wrote", *plot(load_results(args.plot), args.plot))
         return None
-    device = get_device(args.device)
-    name = args.run_name or ("from-vision" if args.from_vision else f"{args.dataset}-{'-'.join(args.model)}")
-    folder = new_run_dir("robustness", name, args.out_dir)
-    results = Results(folder, {k: v for k, v in vars(args).items()}, device)
-    print(f"writing {folder}")
+    name = "from-vision" if args.from_vision else f"{args.dataset}-{'-'.join(args.model)}"
+    device, folder, results = start_run("robustness", args, name)
     data = vision.load_dataset(args.dataset, args.data_dir, device)
     g = torch.Generator().manual_seed(args.split_seed)  # the same training subset as vision.py
     keep = torch.randperm(len(data["train_x"]), generator=g)[: args.n_train].to(device)

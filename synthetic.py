@@ -25,8 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, get_device, load_results, new_run_dir, plot_curves, pyplot, replace, save_figure, seed_all,
-                    sensitivity)
+from common import load_results, plot_curves, pyplot, replace, save_figure, seed_all, sensitivity, start_run
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -311,10 +310,7 @@ def main(args):
     if args.plot:
         print("wrote", plot(load_results(args.plot), args.plot))
         return None
-    device = get_device(args.device)
-    folder = new_run_dir("synthetic", args.run_name or ("fig12" if args.fig12 else "cases"), args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
+    device, folder, results = start_run("synthetic", args, "fig12" if args.fig12 else "cases")
     finals = {}
     try:
         for label, sizes in settings(args):

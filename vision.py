@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Results, gaussian, get_device, load_results, new_run_dir, patchify, plot_curves, pyplot,
-                    save_figure, seed_all, sensitivity, unpatchify)
+from common import (gaussian, load_results, patchify, plot_curves, pyplot, save_figure, seed_all, sensitivity,
+                    start_run, unpatchify)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -680,11 +680,8 @@ def main(args):
     if args.plot:
         print("wrote", *plot(load_results(args.plot), args.plot))
         return None
-    device = get_device(args.device)
     default_name = "imagenet-pretrained" if args.pretrained else f"{args.dataset}-{'-'.join(args.model)}"
-    folder = new_run_dir("vision", args.run_name or default_name, args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
+    device, folder, results = start_run("vision", args, default_name)
     if args.pretrained:
         pretrained_run(args, results, device)
         return results.data
