@@ -223,7 +223,8 @@ def plot(data, folder):
                 ax.axvline(memorised, color="gray", linestyle=":", linewidth=1)
             if grokked is not None:
                 ax.axvline(grokked, color="black", linestyle="--", linewidth=1)
-        ax.set_xscale("symlog", linthresh=100)
+        ax.set_xscale("symlog", linthresh=100)  # linear to 100, then logarithmic
+        ax.set_xlim(left=0)
         ax.set_xlabel("epoch")
         ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
         ax.legend(fontsize=7)
