@@ -499,7 +499,8 @@ def main(args):
                     raise SystemExit(f"robustness.py: cannot load {path} ({type(e).__name__}); run vision.py with "
                                      "--save-model first") from None
             else:
-                model = train(model_name, variant, seed, args, data, shape, results, device, run, gen)
+                model = vision.train_one(model_name, seed, args, data, shape, results, device, folder, run=run,
+                                         loss_fn=make_loss(variant, args, gen))
             final = evaluate_model(model, args, data, gen, device)
             results.final(run, final)
             print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
@@ -512,31 +513,6 @@ def main(args):
         if paths:
             print("wrote", *paths)
     return results.data
-
-
-def train(model_name, variant, seed, args, data, shape, results, device, run, gen):
-    """vision.py's training loop with the variant's objective; the sensitivity is logged every --sens-every epochs."""
-    seed_all(seed)
-    model = vision.build_model(model_name, args, *shape).to(device)
-    lr = args.lr.get(model_name) or vision.default_lr(model_name, args.dataset)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    loss_fn = make_loss(variant, args, gen)
-    sens_images = vision.normalize(data["train_x"][: args.n_sens])
-    for epoch in range(args.epochs + 1):
-        if epoch % args.sens_every == 0 or epoch == args.epochs:
-            s = vision.measure_sensitivity(model, sens_images, args.sens_patch, args.sigma, ["tokenwise"], None,
-                                           args.reps, seed, False)[f"tokenwise:{args.sigma[0]:g}"]
-            acc = vision.evaluate(model, data["train_x"], data["train_y"], False)[1]
-            results.log(run, {"epoch": epoch, "sens": s.mean, "sens_stderr": s.stderr, "train_acc": acc})
-            print(f"{run} epoch {epoch:3d} | train acc {acc:.4f} | sens {s.mean:.4f} +- {s.stderr:.4f}")
-        if epoch == args.epochs:
-            break
-        loss = vision.train_epoch(model, opt, data["train_x"], data["train_y"], batch_size=args.batch_size, gen=gen,
-                                  augment=args.augment, loss_fn=loss_fn,
-                                  lr_fn=lambda frac, e=epoch: vision.lr_at(e + frac, lr, args.schedule, args.epochs))
-        if not math.isfinite(loss):
-            raise SystemExit(f"robustness.py: {run} diverged at epoch {epoch + 1} (loss {loss}); lower --lr")
-    return model
 
 
 if __name__ == "__main__":

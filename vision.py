@@ -536,9 +536,11 @@ def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False,
     return loss.item()
 
 
-def train_one(name, seed, args, data, shape, results, device, folder):
+def train_one(name, seed, args, data, shape, results, device, folder, run=None, loss_fn=cross_entropy):
+    """Train one model, measuring it every --sens-every epochs; run names it in metrics.json (default
+    <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants)."""
     channels, size, classes = shape
-    run = f"{name}/seed{seed}"
+    run = run or f"{name}/seed{seed}"
     seed_all(seed)
     model = build_model(name, args, channels, size, classes).to(device)
     print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
@@ -571,7 +573,7 @@ def train_one(name, seed, args, data, shape, results, device, folder):
         if epoch == args.epochs:
             break
         loss = train_epoch(fwd, opt, x, y, batch_size=args.batch_size, gen=gen, augment=args.augment, amp=args.amp,
-                           lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, args.epochs))
+                           lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, args.epochs), loss_fn=loss_fn)
         if not math.isfinite(loss):
             raise SystemExit(f"vision.py: {run} diverged at epoch {epoch + 1} (loss {loss}); lower --lr")
     grid = size // args.sens_patch

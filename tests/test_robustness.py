@@ -133,3 +133,18 @@ def test_end_to_end_and_from_vision(tmp_path):
             "--n-corrupt", "10", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path), "--run-name", "e"]
     data = R.main(R.parse_args(argv))
     assert set(data["runs"]) == {"mlp-vanilla/seed0"} and "shop" in data["runs"]["mlp-vanilla/seed0"]["final"]
+
+
+def test_training_honours_vision_flags(tmp_path, monkeypatch):
+    """robustness.py trains through vision.train_one, so vision's flags (here --optimizer adam) take effect."""
+    made = []
+    real = torch.optim.Adam
+    monkeypatch.setattr(torch.optim, "Adam", lambda *a, **k: made.append(1) or real(*a, **k))
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--variants", "reg", "--optimizer", "adam",
+            "--lr", "1e-3", "--epochs", "1", "--n-train", "40", "--n-sens", "4", "--corruptions", "contrast",
+            "--severities", "1", "--n-corrupt", "10", "--n-sharp", "10", "--sharp-reps", "1",
+            "--out-dir", str(tmp_path), "--run-name", "a"]
+    data = R.main(R.parse_args(argv))
+    assert made == [1]
+    run = data["runs"]["mlp-reg/seed0"]
+    assert [h["epoch"] for h in run["history"]] == [0, 1] and "mean_corruption_acc" in run["final"]
