@@ -50,10 +50,14 @@ def test_estimator_agrees_with_the_exact_reference_on_a_model():
     assert s.mean * 10 == pytest.approx(exact, abs=1e-9)
 
 
-def test_end_to_end(tmp_path):
+def test_end_to_end(tmp_path, monkeypatch):
+    made = []
+    real_adamw = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **kw: made.append(kw) or real_adamw(*a, **kw))
     argv = ["--n", "8", "--k", "2", "--steps", "4", "--eval-every", "2", "--n-train", "300", "--n-test", "100",
-            "--n-sens", "50", "--out-dir", str(tmp_path), "--run-name", "t"]
+            "--n-sens", "50", "--weight-decay", "0.3", "--out-dir", str(tmp_path), "--run-name", "t"]
     parity.main(parity.parse_args(argv))
+    assert made == [{"lr": 1e-3, "weight_decay": 0.3}]  # the flag reaches the optimizer
     data = json.loads((tmp_path / "parity" / "t" / "metrics.json").read_text())
     run = data["runs"]["setting1/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4]
@@ -65,6 +69,6 @@ def test_end_to_end(tmp_path):
 
 
 def test_bad_arguments():
-    for argv in [["--k", "0"], ["--k", "30"], ["--lr", "0"], ["--setting", "9"]]:
+    for argv in [["--k", "0"], ["--k", "30"], ["--lr", "0"], ["--setting", "9"], ["--weight-decay", "-1"]]:
         with pytest.raises(SystemExit):
             parity.parse_args(argv)
