@@ -51,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--mlp-dim", type=int, default=512, help="hidden width of the transformer MLP [author code]")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout of ViT-small [author code: 0.1]")
     p.add_argument("--patch", type=int, default=None, help="ViT/ConvMixer patch size; default 4 (32x32), 7 (28x28)")
+    p.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch "
+                   "(both reference ViTs have it; it turns any noise on a blank patch into a full-size token change)")
     p.add_argument("--mlp-hidden", type=int, nargs="+", default=[512, 512], help="hidden widths of the MLPs")
     p.add_argument("--activation", type=str, default="leakyrelu", choices=["leakyrelu", "sigmoid"],
                    help="activation of --model mlp (mlp-sigmoid always uses sigmoid)")
@@ -239,12 +241,12 @@ class Transformer(nn.Module):
 
 class ShiftedPatchTokenization(nn.Module):
     """SPT (Lee et al. 2021): the image and its four diagonal half-patch shifts, stacked on the channels, cut into
-    patches, layer-normalised and projected: each token sees a little beyond its own patch."""
+    patches, layer-normalised (patch_norm=False: not) and projected: each token sees a little beyond its own patch."""
 
-    def __init__(self, channels, patch, dim):
+    def __init__(self, channels, patch, dim, patch_norm=True):
         super().__init__()
         self.patch = patch
-        self.norm = nn.LayerNorm(5 * channels * patch * patch)
+        self.norm = nn.LayerNorm(5 * channels * patch * patch) if patch_norm else nn.Identity()
         self.proj = nn.Linear(5 * channels * patch * patch, dim)
 
     def forward(self, img):
@@ -257,9 +259,10 @@ class ShiftedPatchTokenization(nn.Module):
 class ViT(nn.Module):
     """ViT-small of Lee et al. (2021): SPT tokens, a class token, learned positions, LSA blocks, head on the class."""
 
-    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, dropout):
+    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, dropout,
+                 patch_norm=True):
         super().__init__()
-        self.tokens = ShiftedPatchTokenization(channels, patch, dim)
+        self.tokens = ShiftedPatchTokenization(channels, patch, dim, patch_norm)
         self.cls = nn.Parameter(torch.randn(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))
         self.drop = nn.Dropout(dropout)
@@ -283,11 +286,12 @@ def sincos_2d(h, w, dim, temperature=10000.0):
 class SimpleViT(nn.Module):
     """ViT-simple of Beyer et al. (2022): plain patches, fixed sin-cos positions, no dropout, mean pooling."""
 
-    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim):
+    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, patch_norm=True):
         super().__init__()
         self.patch = patch
         patch_dim = channels * patch * patch
-        self.embed = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, dim), nn.LayerNorm(dim))
+        self.embed = nn.Sequential(nn.LayerNorm(patch_dim) if patch_norm else nn.Identity(), nn.Linear(patch_dim, dim),
+                                   nn.LayerNorm(dim))
         self.register_buffer("pos", sincos_2d(image // patch, image // patch, dim))
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout=0.0)
         self.head = nn.Linear(dim, classes)
@@ -410,7 +414,7 @@ class CNN(nn.Module):
 
 def build_model(name, args, channels, size, classes):
     vit_kw = dict(image=size, channels=channels, patch=args.patch, classes=classes, dim=args.dim, depth=args.depth,
-                  heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim)
+                  heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm)
     if name == "vit":
         return ViT(**vit_kw, dropout=args.dropout)
     elif name == "vit-simple":

@@ -146,3 +146,24 @@ def test_compile_flag_runs_the_compiled_model(tmp_path, monkeypatch):
     data = vision.main(vision.parse_args(argv))
     assert len(compiled) == 1 and isinstance(compiled[0], vision.MLP)
     assert 0 <= data["runs"]["mlp/seed0"]["final"]["train_acc"] <= 1
+
+
+@pytest.mark.parametrize("name", ["vit", "vit-simple"])
+def test_patch_norm_blows_up_noise_on_a_blank_patch(name):
+    """With the patch LayerNorm, noise of std 0.01 on a constant (blank) patch moves its token as far as noise of
+    std 1 does; --no-patch-norm removes the LayerNorm, and the token then moves 100x less."""
+    def token_shift(extra, sigma):
+        args = vision.parse_args(["--dataset", "fake28"] + SMALL + extra)
+        torch.manual_seed(0)
+        model = vision.build_model(name, args, 1, 28, 10).eval()
+        embed = model.tokens if name == "vit" else lambda img: model.embed[:2](patchify(img, 7))  # norm, linear
+        blank = -torch.ones(1, 1, 28, 28)  # black background in [-1, 1] pixels
+        noisy = blank.clone()
+        noisy[..., 7:14, 7:14] += sigma * torch.randn(1, 1, 7, 7, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            return (embed(noisy) - embed(blank))[0, 5].norm().item()  # token of patch (1, 1)
+
+    with_norm = [token_shift([], s) for s in (0.01, 1.0)]
+    without = [token_shift(["--no-patch-norm"], s) for s in (0.01, 1.0)]
+    assert with_norm[0] > 0.3 * with_norm[1]
+    assert without[0] == pytest.approx(without[1] / 100, rel=1e-3)
