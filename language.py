@@ -426,6 +426,10 @@ def train_one(name, attn, seed, args, data, vocab, results):
     if args.sens_valid:
         final["sens_valid"] = row["sens_valid"]
     final["sens_by_position"] = s.per_position.tolist()  # as long as the longest measured pair
+    lengths = (trim(x[: args.n_sens]) != PAD).sum(1)
+    reach = torch.arange(len(s.per_position), device=lengths.device)
+    reach = reach.flip(0) if args.align == "right" else reach  # distance of each column from the aligned end
+    final["pairs_by_position"] = (lengths[None, :] > reach[:, None]).sum(1).tolist()  # measured pairs that have it
     final["align"] = args.align
     results.final(run, final)
 
@@ -458,7 +462,12 @@ def plot(data, folder):
             if finals:
                 prof = torch.tensor([f["sens_by_position"] for f in finals]).nanmean(0)
                 right = finals[0]["align"] == "right"
-                ax.plot(torch.arange(len(prof)) - (len(prof) - 1 if right else 0), prof, label=name)
+                pos = torch.arange(len(prof)) - (len(prof) - 1 if right else 0)
+                if "pairs_by_position" in finals[0]:  # drop the rare long tail: positions a quarter of pairs reach
+                    pairs = torch.tensor(finals[0]["pairs_by_position"])
+                    keep = pairs >= pairs.max() / 4
+                    prof, pos = prof[keep], pos[keep]
+                ax.plot(pos, prof, label=name)
         ax.set_xlabel("position counted from the last token (0)" if right else "position")
         ax.set_ylabel("sensitivity at that position")
         ax.legend(fontsize=7)

@@ -153,5 +153,8 @@ def test_end_to_end(tmp_path):
     assert [h["examples"] for h in run["history"]] == [0, 10, 20]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_valid"]:
         assert isinstance(run["final"][key], float)
-    assert len(run["final"]["sens_by_position"]) <= 24
+    prof, pairs = run["final"]["sens_by_position"], run["final"]["pairs_by_position"]
+    assert len(prof) == len(pairs) <= 24
+    assert pairs[-1] == 6 and pairs == sorted(pairs)  # right-aligned: every pair has a last token, few a first
+    assert all((p != p) == (n == 0) for p, n in zip(prof, pairs))  # NaN exactly where no measured pair reaches
     assert (folder / "sensitivity.png").exists() and (folder / "sensitivity_by_position.png").exists()
