@@ -324,20 +324,25 @@ def make_loss(variant, args, generator):
 
 @torch.no_grad()
 def sharpness(model, x, std, reps, generator, batch_size=500):
-    """(ShOp, ShPred): mean L1 change of the logits and fraction of changed predictions when every weight gets
-    N(0, std^2) noise; eval mode, BatchNorm statistics as they are, the model's own weights never touched."""
+    """ShOp and ShPred (mean L1 change of the logits, fraction of changed predictions) when every weight gets
+    N(0, std^2) noise, with their standard errors over the `reps` weight draws; eval mode, BatchNorm statistics as they
+    are, the model's own weights never touched."""
     model.eval()
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     clean = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]).float()
-    shop = shpred = 0.0
+    shop, shpred = [], []
     for _ in range(reps):
         noisy = {k: p + std * torch.randn(p.shape, generator=generator, device=p.device) for k, p in params.items()}
         out = torch.cat([torch.func.functional_call(model, {**noisy, **buffers}, (x[i:i + batch_size],))
                          for i in range(0, len(x), batch_size)]).float()
-        shop += (out - clean).abs().sum(1).mean().item()
-        shpred += (out.argmax(1) != clean.argmax(1)).float().mean().item()
-    return shop / reps, shpred / reps
+        shop.append((out - clean).abs().sum(1).mean().item())
+        shpred.append((out.argmax(1) != clean.argmax(1)).float().mean().item())
+    out = {}
+    for name, values in [("shop", shop), ("shpred", shpred)]:
+        out[name] = float(np.mean(values))
+        out[f"{name}_stderr"] = float(np.std(values, ddof=1) / np.sqrt(reps)) if reps > 1 else float("nan")
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -419,8 +424,8 @@ def evaluate_model(model, args, data, gen, device):
             acc[name][str(s)] = vision.evaluate(model, x, y, False)[1]
     final["corruption_acc"] = acc
     final["mean_corruption_acc"] = float(np.mean([a for per in acc.values() for a in per.values()]))
-    final["shop"], final["shpred"] = sharpness(model, vision.normalize(data["train_x"][: args.n_sharp]),
-                                               args.sharp_std, args.sharp_reps, gen)
+    final.update(sharpness(model, vision.normalize(data["train_x"][: args.n_sharp]), args.sharp_std, args.sharp_reps,
+                           gen))
     return final
 
 
@@ -505,7 +510,8 @@ def main(args):
             results.final(run, final)
             print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
                   f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "
-                  f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} | ShPred {final['shpred']:.4f}")
+                  f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} +- {final['shop_stderr']:.4f} | "
+                  f"ShPred {final['shpred']:.4f} +- {final['shpred_stderr']:.4f}")
     except KeyboardInterrupt:
         print("interrupted: metrics.json keeps every evaluation so far")
     finally:

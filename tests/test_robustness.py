@@ -106,9 +106,10 @@ def test_sharpness_with_zero_std_is_zero_and_leaves_weights_untouched():
         model = vision.build_model(name, args, 3, 32, 10)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         x = torch.randn(6, 3, 32, 32)
-        assert R.sharpness(model, x, 0.0, 2, torch.Generator().manual_seed(0)) == (0.0, 0.0)
-        shop, shpred = R.sharpness(model, x, 0.05, 2, torch.Generator().manual_seed(0))
-        assert shop > 0 and 0 <= shpred <= 1
+        zero = R.sharpness(model, x, 0.0, 2, torch.Generator().manual_seed(0))
+        assert zero == {"shop": 0.0, "shop_stderr": 0.0, "shpred": 0.0, "shpred_stderr": 0.0}
+        sharp = R.sharpness(model, x, 0.05, 3, torch.Generator().manual_seed(0))
+        assert sharp["shop"] > 0 and 0 <= sharp["shpred"] <= 1 and sharp["shop_stderr"] > 0
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BatchNorm stats too
 
 
