@@ -6,7 +6,7 @@ test accuracy still sits at 50%, the model's sensitivity rises towards k, and it
 k relevant bits: sensitivity shows the hidden progress. The paper's sizes were lost; n = 20, k = 3 and the six settings
 below are our choice (all flags).
 
-    python parity.py                         # setting 1: n=20, k=3, 8000 steps of batch 256
+    python parity.py                         # setting 1: n=20, k=3, 8000 steps of batch 256, about 10 minutes
     python parity.py --all-settings          # the six settings of the Fig. 26-style grid, six times that
     python parity.py --n 12 --k 3            # n <= 16 also gets the exact sensitivity from the Fourier spectrum
 """
