@@ -354,7 +354,8 @@ def evaluate(model, tokens, labels, batch_size=256):
 @torch.no_grad()
 def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed):
     """Noise on one layer-normalised token embedding at a time, padding never. With align='right' the estimator sees
-    each sequence shifted to end at the last column, so its per-position profile counts from the end."""
+    each sequence shifted to end at the last column, so its per-position profile counts from the end. Returns the
+    Sensitivity and, per position of that profile, how many of the pairs have a token there."""
     model.eval()
     tokens = trim(tokens)
     mask = tokens != PAD
@@ -375,7 +376,8 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed):
         def f(xb, idx):
             return model.forward_normed(xb, mask[idx])
     gen = torch.Generator(e.device).manual_seed(seed)
-    return sensitivity(f, e, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, generator=gen)
+    s = sensitivity(f, e, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, generator=gen)
+    return s, mask_est.sum(0)
 
 
 # -----------------------------------------------------------------------------
@@ -398,11 +400,12 @@ def train_one(name, attn, seed, args, data, vocab, results):
             row = {"examples": seen, "time": 0.0}
             row["train_loss"], row["train_acc"] = evaluate(model, x, y)
             row["valid_loss"], row["valid_acc"] = evaluate(model, *data["valid"])
-            s = measure_sensitivity(model, x[: args.n_sens], args.sigma, args.reps, args.positions, args.align, seed)
+            s, pairs = measure_sensitivity(model, x[: args.n_sens], args.sigma, args.reps, args.positions, args.align,
+                                           seed)
             row["sens"], row["sens_stderr"] = s.mean, s.stderr
             if args.sens_valid:
-                sv = measure_sensitivity(model, data["valid"][0][: args.n_sens], args.sigma, args.reps,
-                                         args.positions, args.align, seed)
+                sv, _ = measure_sensitivity(model, data["valid"][0][: args.n_sens], args.sigma, args.reps,
+                                            args.positions, args.align, seed)
                 row["sens_valid"], row["sens_valid_stderr"] = sv.mean, sv.stderr
             row["time"] = time.time() - t0
             results.log(run, row)
@@ -426,10 +429,7 @@ def train_one(name, attn, seed, args, data, vocab, results):
     if args.sens_valid:
         final["sens_valid"] = row["sens_valid"]
     final["sens_by_position"] = s.per_position.tolist()  # as long as the longest measured pair
-    lengths = (trim(x[: args.n_sens]) != PAD).sum(1)
-    reach = torch.arange(len(s.per_position), device=lengths.device)
-    reach = reach.flip(0) if args.align == "right" else reach  # distance of each column from the aligned end
-    final["pairs_by_position"] = (lengths[None, :] > reach[:, None]).sum(1).tolist()  # measured pairs that have it
+    final["pairs_by_position"] = pairs.tolist()  # how many of the measured pairs reach each position
     final["align"] = args.align
     results.final(run, final)
 

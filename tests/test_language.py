@@ -116,10 +116,12 @@ def test_right_aligned_profile_counts_from_the_end():
     tokens = torch.full((4, 10), language.PAD)
     for i, n in enumerate([3, 5, 8, 10]):
         tokens[i, :n] = 5
-    right = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "right", seed=0)
+    right, right_pairs = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "right", seed=0)
     assert right.per_position[-1] > 0.2 and (right.per_position[:-1] == 0).all()
-    left = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "left", seed=0)
+    left, left_pairs = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "left", seed=0)
     assert set(torch.nonzero(left.per_position > 0).flatten().tolist()) == {2, 4, 7, 9}
+    assert right_pairs.tolist() == [1, 1, 2, 2, 2, 3, 3, 4, 4, 4]  # pairs of lengths 3, 5, 8, 10 reaching each column
+    assert left_pairs.tolist() == right_pairs.flip(0).tolist()
     assert abs(left.mean - right.mean) < 4 * (left.stderr**2 + right.stderr**2) ** 0.5 + 0.02
 
 
