@@ -338,11 +338,11 @@ def sharpness(model, x, std, reps, generator, batch_size=500):
                          for i in range(0, len(x), batch_size)]).float()
         shop.append((out - clean).abs().sum(1).mean().item())
         shpred.append((out.argmax(1) != clean.argmax(1)).float().mean().item())
-    out = {}
+    result = {}
     for name, values in [("shop", shop), ("shpred", shpred)]:
-        out[name] = float(np.mean(values))
-        out[f"{name}_stderr"] = float(np.std(values, ddof=1) / np.sqrt(reps)) if reps > 1 else float("nan")
-    return out
+        result[name] = float(np.mean(values))
+        result[f"{name}_stderr"] = float(np.std(values, ddof=1) / np.sqrt(reps)) if reps > 1 else float("nan")
+    return result
 
 
 # -----------------------------------------------------------------------------
