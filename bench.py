@@ -19,7 +19,9 @@ Prints one `name value` line per figure and writes them to out/bench/bench.json.
 """
 
 import argparse
+import os
 import statistics
+import tempfile
 import threading
 import time
 
@@ -29,19 +31,33 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vision
-from common import default_batch_size, environment, gaussian, get_device, patchify, sensitivity, write_json
+from common import (ArgumentParser, check_args, cli, default_batch_size, environment, gaussian, get_device, patchify,
+                    sensitivity, write_json)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--batch-size", type=int, default=None, help="estimator chunk (rows); default: the estimator's")
     p.add_argument("--n-inputs", type=int, default=None, help="inputs per estimator run; default 100 cpu, 1000 cuda")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds; each figure is the median over rounds")
-    p.add_argument("--out", type=str, default="out/bench/bench.json", help="where the figures are written")
+    p.add_argument("--out", type=str, default=None, help="where the figures are written (default: the first free "
+                   "out/bench/bench[-k].json); an existing file is never replaced")
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error("--rounds must be >= 1")
+    check_args(p, args, positive=["rounds", "batch_size", "n_inputs"])
+    if args.out is None:
+        args.out, k = "out/bench/bench.json", 1
+        while os.path.exists(args.out):
+            k += 1
+            args.out = f"out/bench/bench-{k}.json"
+    if os.path.exists(args.out):
+        p.error(f"--out {args.out} exists; bench.py never replaces a results file")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    try:  # checked before the benchmarks run, not after
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        p.error(f"--out {args.out}: cannot write in {folder} ({e.strerror})")
     return args
 
 
@@ -304,9 +320,10 @@ def main(args):
     results.update(bench_memory(device))
     for k, v in results.items():
         print(f"{k} {v:.4g}")
-    write_json(args.out, {"env": environment(device), "args": vars(args), "results": results})
+    write_json(args.out, {"env": environment(device), "args": vars(args), "results": results}, replace=False)
+    print(f"wrote {args.out}")
     return results
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

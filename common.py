@@ -14,11 +14,14 @@ the device, so memory is bounded by one chunk and the loop never waits for the h
     print(f"{s.mean:.4f} +- {s.stderr:.4f}")
 """
 
+import argparse
+import contextlib
 import json
 import math
 import os
 import random
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -31,8 +34,8 @@ import torch
 
 def gaussian(sigma):
     """Add isotropic noise N(0, sigma^2 I); sigma is a standard deviation."""
-    if not sigma >= 0:  # also rejects NaN
-        raise ValueError(f"sigma must be a standard deviation >= 0, got {sigma}")
+    if not 0 <= sigma < math.inf:  # also rejects NaN
+        raise ValueError(f"sigma must be a finite standard deviation >= 0, got {sigma}")
 
     def perturb(tokens, generator):
         noise = torch.randn(tokens.shape, generator=generator, device=tokens.device, dtype=tokens.dtype)
@@ -65,15 +68,33 @@ def flip():
 @dataclass
 class Sensitivity:
     mean: float  # mean over inputs of that input's flip rate averaged over its valid positions
-    stderr: float  # standard error of `mean` over inputs
+    stderr: float  # standard error of `mean` over inputs (NaN for a single input)
     per_position: torch.Tensor  # (T,) flip rate at each position over the inputs where it is valid; NaN if never
     per_input: torch.Tensor  # (N,) flip rate of each input, averaged over its valid positions
     evaluations: int  # number of perturbed forward passes
 
 
-def predict(out):
-    """Class labels from f's output: argmax of (B, C) logits, or the (B,) labels themselves."""
-    return out.argmax(-1) if out.ndim == 2 else out
+def predict(out, rows):
+    """Class labels from f's output, read by its shape and dtype: (B, C >= 2) logits -> argmax; (B, 1) or a floating
+    (B,) score -> the binary class score > 0; an integer or bool (B,) -> the labels themselves."""
+    if out.ndim == 0 or out.shape[0] != rows:
+        raise ValueError(f"f returned output of shape {tuple(out.shape)} for a batch of {rows} rows; it must return "
+                         f"one row per input: (B, C) logits, (B, 1) or (B,) scores, or (B,) labels")
+    if out.ndim == 2 and out.shape[1] >= 2:
+        return out.argmax(-1)
+    if out.ndim == 2 and out.shape[1] == 1:
+        return out[:, 0] > 0
+    if out.ndim == 1:
+        return out > 0 if out.is_floating_point() else out
+    raise ValueError(f"f returned output of shape {tuple(out.shape)}: expected (B, C) logits, (B, 1) or (B,) scores, "
+                     "or (B,) labels")
+
+
+def not_finite(out):
+    """How many rows of f's output hold a non-finite value (a 0-dim device tensor: no host sync)."""
+    if not out.is_floating_point():
+        return torch.zeros((), dtype=torch.long, device=out.device)
+    return (~torch.isfinite(out)).reshape(len(out), -1).any(1).sum()
 
 
 def default_batch_size(x):
@@ -85,16 +106,47 @@ def default_batch_size(x):
     return min(max(rows, 64), 16384)
 
 
-def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=None, generator=None):
+def chunk_seed(seed, chunk):
+    """The noise seed of one chunk: a fixed function of (seed, chunk), so a chunk draws the same noise whichever
+    process (rank) runs it."""
+    return (seed * 0x9E3779B97F4A7C15 + chunk * 0xBF58476D1CE4E5B9) % 2**63
+
+
+def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=None, seed=None, tell_position=False):
     """Estimate the token-wise sensitivity of f on x (N, T, D), perturbing one token per copy.
 
-    f(x_batch, idx) returns logits (B, C) or labels (B,) for a (B, T, D) batch; idx (B,) are the rows of x the copies
-    came from. Put the model in eval mode first (dropout would count as flips). mask (N, T) bool marks the positions
-    that may be perturbed. positions=None perturbs every valid position `reps` times (exact per-position profile);
-    positions=k samples k valid positions per input per rep, uniformly with replacement (unbiased, cheaper for long
-    inputs). batch_size: rows per chunk, default_batch_size(x) if None. generator: a torch.Generator on x's device,
-    for reproducible noise.
+    f(x_batch, idx) returns, for a (B, T, D) batch, logits (B, C), a binary score (B, 1) or (B,) float (class =
+    score > 0), or labels (B,) int/bool; idx (B,) are the rows of x the copies came from. With tell_position=True f is
+    called as f(x_batch, idx, pos), pos (B,) the position each copy perturbs, and each chunk's copies come sorted by
+    position (for models that reuse the clean prefix before it). Put the model in eval mode first (dropout would
+    count as flips). mask (N, T) bool marks the positions that may be perturbed. positions=None perturbs every valid
+    position `reps` times (exact per-position profile); positions=k samples k valid positions per input per rep,
+    uniformly with replacement (unbiased, cheaper for long inputs). batch_size: rows per chunk, default_batch_size(x)
+    if None. seed: chunk c draws its noise from a generator seeded by (seed, c), so a seed gives the same noise
+    whatever the number of ranks; None draws the seed from torch's global generator.
+
+    Under torch.distributed (initialised), chunk c runs on rank c mod world_size and the counts are summed with one
+    all_reduce: every rank must call this at the same point, and all get the same result. Raises ValueError for
+    non-finite x, or when f returns non-finite values or the wrong number of rows.
     """
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    flips, trials, evaluations = sensitivity_counts(f, x, perturb, mask=mask, reps=reps, positions=positions,
+                                                    batch_size=batch_size, seed=seed, tell_position=tell_position,
+                                                    rank=rank, world=world)
+    if world > 1:
+        both = torch.stack([flips, trials])
+        torch.distributed.all_reduce(both)
+        flips, trials = both
+    return summarise(flips, trials, evaluations)
+
+
+def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=None, seed=None,
+                       tell_position=False, rank=0, world=1):
+    """The work of `sensitivity` for one rank of `world`: the (N, T) flip and trial counts of the chunks c with
+    c mod world == rank, and the total number of perturbed evaluations (all ranks). Summing the counts of ranks
+    0..world-1 gives exactly the single-process counts."""
     if x.ndim != 3 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"x must be a non-empty (N, T, D) tensor, got shape {tuple(x.shape)}")
     N, T, D = x.shape
@@ -107,19 +159,34 @@ def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=
         raise ValueError(f"reps must be >= 1, got {reps}")
     if positions is not None and positions < 1:
         raise ValueError(f"positions must be None (all) or >= 1, got {positions}")
-    batch_size = batch_size or default_batch_size(x)
+    batch_size = default_batch_size(x) if batch_size is None else batch_size
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ValueError(f"batch_size must be >= 1 (or None for the default), got {batch_size}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, world), got rank {rank} of {world}")
     n_valid = mask.sum(1)  # (N,)
-    if not bool((n_valid > 0).all()):  # one host sync, before the loop
+    if not bool((n_valid > 0).all()):  # host syncs, before the loop
         raise ValueError("mask has a row with no True position: every input needs a position to perturb")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
+        raise ValueError(f"x holds non-finite values in {bad} of its {N} inputs")
+    if seed is None:
+        seed = int(torch.randint(2**62, (1,)))
+    gen = torch.Generator(x.device)
+    call = (lambda xb, n, t: f(xb, n, t)) if tell_position else (lambda xb, n, t: f(xb, n))
 
     with torch.inference_mode():
-        # clean predictions, once
-        clean = torch.cat([predict(f(x[i:i + batch_size], torch.arange(i, min(i + batch_size, N), device=x.device)))
-                           for i in range(0, N, batch_size)])
+        # clean predictions, once, on every rank (each rank's chunks may use any input)
+        clean, bad_clean = [], torch.zeros((), dtype=torch.long, device=x.device)
+        for i in range(0, N, batch_size):
+            n = torch.arange(i, min(i + batch_size, N), device=x.device)
+            out = f(x[i:i + batch_size], n, None) if tell_position else f(x[i:i + batch_size], n)
+            clean.append(predict(out, len(n)))
+            bad_clean += not_finite(out)
+        clean = torch.cat(clean)
         if positions is None:
-            flat_valid = mask.flatten().nonzero().squeeze(1)  # (V,) flat n*T+t of every valid position
+            # valid (position, input) cells in position-major order: a chunk holds copies of one or two positions
+            flat_valid = mask.t().flatten().nonzero().squeeze(1)  # (V,) t*N + n
             n_jobs = len(flat_valid) * reps
         else:
             # valid positions first in each row, so the u-th valid position of row n is order[n, u]
@@ -127,30 +194,47 @@ def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=
             n_jobs = N * positions * reps
         flips = torch.zeros(N * T, dtype=torch.long, device=x.device)
         trials = torch.zeros(N * T, dtype=torch.long, device=x.device)
+        bad = torch.zeros((), dtype=torch.long, device=x.device)
         buf = torch.empty(min(batch_size, n_jobs), T, D, dtype=x.dtype, device=x.device)  # reused by every chunk
-        for start in range(0, n_jobs, batch_size):
+        for c, start in enumerate(range(0, n_jobs, batch_size)):
+            if c % world != rank:
+                continue
+            gen.manual_seed(chunk_seed(seed, c))
             job = torch.arange(start, min(start + batch_size, n_jobs), device=x.device)
             if positions is None:
-                cell = flat_valid[job % len(flat_valid)]  # job -> (rep, valid position)
-                n, t = cell // T, cell % T
+                cell = flat_valid[job % len(flat_valid)]  # job -> (rep, valid cell)
+                n, t = cell % N, cell // N
             else:
                 n = job // (positions * reps)  # job -> (input, draw)
-                u = (torch.rand(len(job), generator=generator, device=x.device) * n_valid[n]).long()
+                u = (torch.rand(len(job), generator=gen, device=x.device) * n_valid[n]).long()
                 t = order[n, torch.minimum(u, n_valid[n] - 1)]  # the min guards against float rounding up
-                cell = n * T + t
+                if tell_position:
+                    t, by_t = torch.sort(t, stable=True)
+                    n = n[by_t]
             xb = torch.index_select(x, 0, n, out=buf[:len(job)])  # (B, T, D) copies of the clean inputs
             flat = xb.view(-1, D)  # (B*T, D); row b*T + t is token t of copy b
             which = torch.arange(len(job), device=x.device) * T + t
-            flat.index_copy_(0, which, perturb(flat.index_select(0, which), generator))
-            changed = predict(f(xb, n)) != clean.index_select(0, n)
+            flat.index_copy_(0, which, perturb(flat.index_select(0, which), gen))
+            out = call(xb, n, t)
+            bad += not_finite(out)
+            changed = predict(out, len(job)) != clean.index_select(0, n)
+            cell = n * T + t
             flips.index_add_(0, cell, changed.long())
             trials.index_add_(0, cell, torch.ones_like(cell))
+    if bad_clean or bad:  # host sync, after the loop
+        raise ValueError(f"f returned non-finite outputs for {int(bad_clean)} of the {N} clean inputs and "
+                         f"{int(bad)} perturbed copies: no sensitivity can be read from them")
+    return flips.view(N, T), trials.view(N, T), n_jobs
 
-    flips, trials = flips.view(N, T).double().cpu(), trials.view(N, T).double().cpu()
+
+def summarise(flips, trials, evaluations):
+    """Sensitivity from (N, T) flip and trial counts."""
+    flips, trials = flips.double().cpu(), trials.double().cpu()
+    N = len(flips)
     per_input = flips.sum(1) / trials.sum(1)
     per_position = flips.sum(0) / trials.sum(0)  # 0/0 = NaN where never valid
     stderr = per_input.std().item() / math.sqrt(N) if N > 1 else float("nan")
-    return Sensitivity(per_input.mean().item(), stderr, per_position.float(), per_input.float(), n_jobs)
+    return Sensitivity(per_input.mean().item(), stderr, per_position.float(), per_input.float(), evaluations)
 
 
 # -----------------------------------------------------------------------------
@@ -179,7 +263,17 @@ def unpatchify(tokens, p, image_shape):
 
 
 # -----------------------------------------------------------------------------
-# plumbing every script repeats: device, seeding, the results file
+# plumbing every script repeats: threads, device, seeding, the command-line front door, the results file
+
+
+def set_threads(n):
+    """torch's intra-op threads for this process; n = 0 means the default policy. The scripts' small matrices make
+    torch's threads spin against any other load on the machine (bench.py's shared_cpu_slowdown measures it), so the
+    default is one thread per process: run seeds side by side as separate processes to use more cores."""
+    if n < 0:
+        raise ValueError(f"--threads must be >= 0 (0: the default policy), got {n}")
+    torch.set_num_threads(n or 1)
+    return torch.get_num_threads()
 
 
 def get_device(name="auto"):
@@ -187,8 +281,11 @@ def get_device(name="auto"):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} was asked for, but no CUDA device is available")
-    return torch.device(name)
+        raise ValueError(f"--device {name} was asked for, but no CUDA device is available (try --device cpu)")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:<index>") from None
 
 
 def seed_all(seed):
@@ -197,17 +294,98 @@ def seed_all(seed):
     torch.manual_seed(seed)
 
 
-def write_json(path, obj):
-    """Write obj as JSON atomically: a temp file in the same folder, then rename (a crash leaves the old file)."""
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit code 2) instead of the whole usage text before it, and no abbreviated
+    flags (else --seed would silently mean --seeds, and --patch --patch-size)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (--help lists the flags)\n")
+
+
+def check_args(p, args, *, positive=(), nonnegative=()):
+    """One-line parser errors naming the flag for a value that is not finite, or below 1 (int) / not above 0 (float)
+    for the flags in `positive`, or below 0 for those in `nonnegative`. Lists (--seeds, --sigma) are checked
+    element-wise; None means "not given" and passes."""
+    for names, strict in [(positive, True), (nonnegative, False)]:
+        for name in names:
+            value = getattr(args, name)
+            for v in value if isinstance(value, list) else [value]:
+                if v is not None and not (math.isfinite(v) and (v > 0 if strict else v >= 0)):
+                    need = "> 0" if strict else ">= 0"
+                    need = ">= 1" if isinstance(v, int) and strict else f"a finite number {need}"
+                    p.error(f"--{name.replace('_', '-')} must be {need}, got {v}")
+
+
+def subset_size(flag, n, available, what):
+    """n, or all `available` when n is None; a ValueError naming the flag when n asks for more than there are."""
+    if n is None:
+        return available
+    if n > available:
+        raise ValueError(f"{flag} {n} asks for more than the {available} {what}")
+    return n
+
+
+def cli(main, parse_args, argv=None):
+    """Run a script's main as a command. Expected failures become one line on stderr and an exit code instead of a
+    traceback: bad input, a missing or corrupt file, no CUDA (2); a diverged run, whose metrics.json says so (3);
+    Ctrl-C, after which metrics.json keeps what was measured and says "interrupted": true (130)."""
+    script = os.path.basename(sys.modules[main.__module__].__file__)
+    try:
+        data = main(parse_args(argv))
+    except KeyboardInterrupt as e:
+        where = f"; {e.args[0]} keeps every evaluation so far" if e.args else ""
+        print(f"{script}: interrupted{where}", file=sys.stderr)
+        sys.exit(130)
+    except torch.OutOfMemoryError:
+        print(f"{script}: out of memory; lower --batch-size (or the estimator's chunk)", file=sys.stderr)
+        sys.exit(2)
+    except (ValueError, OSError, EOFError) as e:
+        if isinstance(e, OSError) and e.filename is not None and e.strerror:
+            e = f"{e.strerror}: {e.filename}"
+        print(f"{script}: {e}", file=sys.stderr)
+        sys.exit(2)
+    diverged = [run for run, r in (data or {}).get("runs", {}).items() if r.get("diverged")]
+    if diverged:
+        print(f"{script}: {len(diverged)} run(s) diverged ({', '.join(diverged)}); metrics.json marks them",
+              file=sys.stderr)
+        sys.exit(3)
+
+
+def strict_json(obj):
+    """obj with every non-finite float replaced by None, so that the file is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def write_json(path, obj, replace=True):
+    """Write obj as strict JSON (NaN and inf as null) atomically: a temp file in the same folder, then rename, so a
+    crash leaves the old file. The file gets the permissions of any other new file (0644 under the usual umask).
+    replace=False refuses to replace an existing file (FileExistsError)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, allow_nan=True)
-        os.replace(tmp, path)
+            json.dump(strict_json(obj), fh, indent=1, allow_nan=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists
+            os.unlink(tmp)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 
@@ -232,25 +410,38 @@ def environment(device):
         commit = None
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"torch": torch.__version__, "device": name, "git_commit": commit}
+    return {"torch": torch.__version__, "device": name, "threads": torch.get_num_threads(), "git_commit": commit}
 
 
-def start_run(script, args, default_name):
-    """What every script's main does first: the device, a fresh out/<script>/<run> folder, its metrics.json."""
-    device = get_device(args.device)
+def setup(args):
+    """What every script's main does first: the thread policy (--threads), then the device (--device)."""
+    set_threads(args.threads)
+    return get_device(args.device)
+
+
+def start_run(script, args, default_name, device):
+    """A fresh out/<script>/<run> folder and its metrics.json, after the data are in place (so a missing dataset
+    leaves no empty run folder)."""
     folder = new_run_dir(script, args.run_name or default_name, args.out_dir)
-    results = Results(folder, vars(args), device)
-    print(f"writing {folder}")
-    return device, folder, results
+    results = Results(folder, script, vars(args), device)
+    threads = torch.get_num_threads()
+    print(f"writing {folder} | device {device} | {threads} thread{'s' if threads > 1 else ''}")
+    return folder, results
+
+
+DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
 
 
 class Results:
     """The metrics.json every script writes, saved atomically after every change so Ctrl-C loses nothing:
-    {"args": {...}, "env": {...}, "runs": {"<model>/seed<k>": {"history": [{...}, ...], "final": {...}}}}"""
+    {"script": ..., "args": {...}, "env": {...}, "runs": {"<model>/seed<k>": {"history": [{...}], "final": {...}}}}
+    A run whose loss became non-finite holds "diverged": {"step": ..., "loss": null}; an interrupted invocation
+    holds "interrupted": true."""
 
-    def __init__(self, run_dir, args, device):
+    def __init__(self, run_dir, script, args, device):
         self.path = os.path.join(run_dir, "metrics.json")
-        self.data = {"args": dict(args), "env": environment(device), "runs": {}}
+        self.data = {"script": script, "args": dict(args), "env": environment(device), "runs": {}}
+        self.first_loss = {}  # run -> its first logged training loss, for diverged()
         self.save()
 
     def _run(self, run):
@@ -263,6 +454,33 @@ class Results:
     def final(self, run, values):
         self._run(run)["final"].update(values)
         self.save()
+
+    def diverged(self, run, step, loss, unit="step"):
+        """Whether the training `loss` (a float) shows the run diverged: non-finite, or above DIVERGED_FACTOR times
+        its first value in this run (the loss at initialisation; at least 1), which a bounded model such as an LSTM
+        reaches instead of inf. If so the run is marked diverged at `step` in metrics.json and one line says so.
+        Training loops call this at every logged step and after the last one, before measuring anything, so that no
+        sensitivity is ever reported for a diverged model."""
+        first = self.first_loss.setdefault(run, loss)
+        limit = DIVERGED_FACTOR * max(first, 1.0) if math.isfinite(first) else math.inf
+        if math.isfinite(loss) and loss <= limit:
+            return False
+        self._run(run)["diverged"] = {"step": step, "loss": loss}
+        self.save()
+        why = "not finite" if not math.isfinite(loss) else f"over {DIVERGED_FACTOR}x the initial {first:.3g}"
+        print(f"{run} diverged at {unit} {step} (training loss {loss:.4g}: {why}): stopped, no sensitivity "
+              "reported; lower --lr", file=sys.stderr)
+        return True
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Ctrl-C inside marks metrics.json "interrupted": true before it propagates (cli() then exits 130)."""
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.data["interrupted"] = True
+            self.save()
+            raise KeyboardInterrupt(self.path) from None
 
     def save(self):
         write_json(self.path, self.data)
@@ -301,8 +519,9 @@ def save_figure(fig, path):
     return path
 
 
-def load_results(path):
-    """Read a metrics.json (or the folder holding it); a missing or corrupt file is a ValueError that says so."""
+def load_results(path, script=None):
+    """Read a metrics.json (or the folder holding it); a missing or corrupt file, or one written by another script
+    than `script`, is a ValueError that says so."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.json")
     try:
@@ -314,4 +533,6 @@ def load_results(path):
         raise ValueError(f"{path} is not a valid metrics.json ({e})") from None
     if not isinstance(data, dict) or "runs" not in data:
         raise ValueError(f"{path} is not a metrics.json written by this repository (no 'runs')")
+    if script is not None and data.get("script", script) != script:
+        raise ValueError(f"{path} was written by {data['script']}.py, not {script}.py: redraw it with that script")
     return data

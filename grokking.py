@@ -20,19 +20,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import gaussian, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, save_figure, seed_all,
+                    sensitivity, setup, start_run)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # task
     p.add_argument("--p", type=int, default=113, help="the modulus (a prime in the paper)")
     p.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
     p.add_argument("--data-seed", type=int, default=598, help="seed of the train/test split (fixed across --seeds)")
     # model
-    p.add_argument("--d-model", type=int, default=128, help="residual stream width")
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--d-mlp", type=int, default=512, help="MLP hidden width")
+    p.add_argument("--dim", type=int, default=128, help="residual stream width (d_model)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (each of width dim / heads)")
+    p.add_argument("--mlp-dim", type=int, default=512, help="MLP hidden width (d_mlp)")
     p.add_argument("--no-residual", action="store_true", help="the authors' variant without skip connections")
     # optimisation
     p.add_argument("--epochs", type=int, default=20000, help="full-batch AdamW steps")
@@ -45,24 +46,24 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=100, help="epochs between evaluations")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/grokking/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: p<p>")
     p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every this many epochs (0: never)")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
     args = p.parse_args(argv)
+    check_args(p, args, positive=["dim", "heads", "mlp_dim", "epochs", "reps", "eval_every", "lr"],
+               nonnegative=["sigma", "weight_decay", "save_every", "seeds", "data_seed", "threads"])
     if args.p < 2:
-        p.error("--p must be >= 2")
+        p.error(f"--p must be >= 2, got {args.p}")
     if not 0 < args.frac_train < 1:
-        p.error("--frac-train must be in (0, 1)")
-    if args.sigma < 0:
-        p.error("--sigma is a standard deviation and must be >= 0")
-    for name in ["d_model", "heads", "d_mlp", "epochs", "reps", "eval_every"]:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.d_model % args.heads:
-        p.error("--d-model must be a multiple of --heads")
-    if args.lr <= 0 or args.weight_decay < 0 or args.save_every < 0:
-        p.error("--lr must be > 0, --weight-decay and --save-every >= 0")
+        p.error(f"--frac-train must be in (0, 1), got {args.frac_train}")
+    if int(args.frac_train * args.p**2) < 1:
+        p.error(f"--frac-train {args.frac_train} of {args.p**2} pairs leaves no training pair")
+    if args.dim % args.heads:
+        p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
+    if args.plot and not os.path.exists(args.plot):
+        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     return args
 
 
@@ -135,24 +136,32 @@ def loss_fn(logits, labels):
 
 
 @torch.no_grad()
-def evaluate(model, tokens, labels, train, sigma, reps, generator):
+def evaluate(model, tokens, labels, train):
+    """Loss and accuracy on the training and test pairs, and the total weight norm."""
     logits = model(tokens)
     row = {}
     for name, m in [("train", train), ("test", ~train)]:
         row[f"{name}_loss"] = loss_fn(logits[m], labels[m]).item()
         row[f"{name}_acc"] = (logits[m].argmax(1) == labels[m]).float().mean().item()
     row["weight_norm"] = math.sqrt(sum(p.pow(2).sum().item() for p in model.parameters()))
-    e = model.embed(tokens[train])  # (N, 3, d_model) number embeddings of the training pairs
+    return row
+
+
+@torch.no_grad()
+def measure_sensitivity(model, tokens, sigma, reps, seed):
+    """Token-wise (the paper's definition) and joint (the authors' code) sensitivity to N(0, sigma^2) noise on the
+    number embeddings of `tokens`; the same noise at every call with the same seed."""
+    row = {}
+    e = model.embed(tokens)  # (N, 3, d_model) number embeddings
     eq = e[:, 2:]  # the '=' embedding, never perturbed
     # token-wise (the paper's definition): a, then b, each perturbed alone; '=' is masked out
     mask = torch.tensor([True, True, False], device=e.device).expand(len(e), 3)
-    s = sensitivity(lambda xb, idx: model.forward_embedded(xb), e, gaussian(sigma), mask=mask, reps=reps,
-                    generator=generator)
+    s = sensitivity(lambda xb, idx: model.forward_embedded(xb), e, gaussian(sigma), mask=mask, reps=reps, seed=seed)
     row["sens"], row["sens_stderr"] = s.mean, s.stderr
     # joint (the authors' code): a and b perturbed together, as one token of width 2 * d_model
     ab = e[:, :2].reshape(len(e), 1, -1)
     s = sensitivity(lambda xb, idx: model.forward_embedded(torch.cat([xb.view(len(xb), 2, -1), eq[idx]], 1)), ab,
-                    gaussian(sigma), reps=reps, generator=generator)
+                    gaussian(sigma), reps=reps, seed=seed)
     row["sens_joint"], row["sens_joint_stderr"] = s.mean, s.stderr
     return row
 
@@ -170,17 +179,18 @@ def phases(history):
 def train_one(args, seed, data, results, folder, device):
     tokens, labels, train = data
     seed_all(seed)
-    model = OneLayerTransformer(args.p, args.d_model, args.heads, args.d_mlp, residual=not args.no_residual)
+    model = OneLayerTransformer(args.p, args.dim, args.heads, args.mlp_dim, residual=not args.no_residual)
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
-    gen = torch.Generator(device).manual_seed(seed)
     run = f"p{args.p}/seed{seed}"
     x, y = tokens[train], labels[train]
     t0 = time.time()
     for epoch in range(args.epochs + 1):
         if epoch % args.eval_every == 0 or epoch == args.epochs:
-            row = {"epoch": epoch, **evaluate(model, tokens, labels, train, args.sigma, args.reps, gen),
-                   "time": time.time() - t0}
+            row = {"epoch": epoch, **evaluate(model, tokens, labels, train)}
+            if results.diverged(run, epoch, row["train_loss"], "epoch"):
+                return None
+            row.update(measure_sensitivity(model, x, args.sigma, args.reps, seed), time=time.time() - t0)
             results.log(run, row)
             print(f"{run} epoch {epoch:6d} | train loss {row['train_loss']:.2e} acc {row['train_acc']:.3f} | test "
                   f"loss {row['test_loss']:.2e} acc {row['test_acc']:.3f} | sens {row['sens']:.4f} joint "
@@ -234,17 +244,18 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", plot(load_results(args.plot), args.plot))
+        print("wrote", plot(load_results(args.plot, "grokking"), args.plot))
         return None
-    device, folder, results = start_run("grokking", args, f"p{args.p}")
+    device = setup(args)
     data = [t.to(device) for t in make_data(args.p, args.frac_train, args.data_seed)]
+    folder, results = start_run("grokking", args, f"p{args.p}", device)
     try:
-        for seed in args.seeds:
-            final = train_one(args, seed, data, results, folder, device)
-            print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
-                  f"{final['epoch_grokked']}, {final['time']:.0f}s")
-    except KeyboardInterrupt:
-        print("interrupted: metrics.json keeps every evaluation so far")
+        with results.recording():
+            for seed in args.seeds:
+                final = train_one(args, seed, data, results, folder, device)
+                if final is not None:
+                    print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
+                          f"{final['epoch_grokked']}, {final['time']:.0f}s")
     finally:
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", plot(results.data, folder))
@@ -252,4 +263,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

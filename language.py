@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import gaussian, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, save_figure, seed_all,
+                    sensitivity, setup, start_run, subset_size)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -43,22 +44,25 @@ COLUMNS = {"mrpc": ("#1 String", "#2 String", "Quality"), "qqp": ("question1", "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # data
     p.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
     p.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ with train.tsv, dev.tsv")
     p.add_argument("--download", action="store_true", help="fetch the official GLUE files into --data-dir first")
-    p.add_argument("--n-train", type=int, default=None, help="use the first this many training pairs")
-    p.add_argument("--n-valid", type=int, default=None, help="use the first this many validation pairs")
+    p.add_argument("--n-train", type=int, default=None, help="use the first this many training pairs (default: all)")
+    p.add_argument("--n-test", type=int, default=None, help="use the first this many validation pairs (GLUE's test "
+                   "labels are hidden, so validation is the test set; default: all)")
     p.add_argument("--vocab-size", type=int, default=10000, help="most frequent training words kept (+ 4 specials)")
     p.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included")
     # model
     p.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"])
     p.add_argument("--attn", nargs="+", default=["softmax"], choices=["softmax", "relu"],
                    help="attention of the transformers: softmax, or relu(scores) in place of softmax")
-    p.add_argument("--layers", type=int, default=4, help="layers of every model [author code]")
-    p.add_argument("--width", type=int, default=256, help="embedding / hidden width [author code]")
+    p.add_argument("--depth", type=int, default=4, help="layers of every model [author code]")
+    p.add_argument("--dim", type=int, default=256, help="embedding / hidden width [author code]")
     p.add_argument("--heads", type=int, default=8, help="attention heads [author code]")
+    p.add_argument("--dim-head", type=int, default=None, help="width of one attention head (default: dim / heads)")
+    p.add_argument("--mlp-dim", type=int, default=None, help="hidden width of the transformer MLP (default: 4 * dim)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout [paper]")
     p.add_argument("--fused", action="store_true", help="run the LSTM as torch.nn.LSTM with the same weights (faster)")
     # optimisation
@@ -71,29 +75,33 @@ def parse_args(argv=None):
     p.add_argument("--sigma", type=float, default=math.sqrt(15),
                    help="noise std on the normalised embeddings (default sqrt(15): the authors' variance 15)")
     p.add_argument("--reps", type=int, default=1, help="noise draws per (pair, position)")
-    p.add_argument("--positions", type=int, default=None, help="sample this many positions per pair (default all)")
+    p.add_argument("--sens-positions", type=int, default=None,
+                   help="sample this many positions per pair and draw (default: every position)")
     p.add_argument("--n-sens", type=int, default=500, help="training pairs the sensitivity is measured on")
-    p.add_argument("--sens-valid", action="store_true", help="also measure it on the validation pairs (App. A.4)")
-    p.add_argument("--sens-every", type=int, default=20000, help="training examples seen between measurements")
+    p.add_argument("--sens-test", action="store_true", help="also measure it on the first --n-sens test pairs (GLUE "
+                   "validation, App. A.4)")
+    p.add_argument("--eval-every", type=int, default=625, help="AdamW steps between evaluations (and at "
+                   "initialisation and the end); 625 steps of 32 = 20,000 examples")
     p.add_argument("--align", type=str, default="right", choices=["right", "left"],
                    help="per-position profile counted from the end (right, as the paper) or from the start")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/language/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: <task>-<models>")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
     args = p.parse_args(argv)
-    if args.sigma < 0:
-        p.error("--sigma is a standard deviation and must be >= 0")
-    for name in ["vocab_size", "layers", "width", "heads", "batch_size", "reps", "n_sens", "sens_every"]:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_args(p, args, positive=["vocab_size", "depth", "dim", "heads", "dim_head", "mlp_dim", "batch_size", "reps",
+                                  "n_sens", "eval_every", "n_train", "n_test", "sens_positions", "epochs", "lr"],
+               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "threads"])
     if args.max_len < 8:
-        p.error("--max-len must be >= 8")
-    if args.width % args.heads:
-        p.error("--width must be a multiple of --heads")
-    if args.epochs <= 0 or args.lr <= 0:
-        p.error("--epochs and --lr must be > 0")
+        p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
+    if args.dim % args.heads and args.dim_head is None:
+        p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads} (or give --dim-head)")
+    if args.dropout >= 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.plot and not os.path.exists(args.plot):
+        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     return args
 
 
@@ -109,46 +117,64 @@ def download(task, data_dir):
         try:
             urllib.request.urlretrieve(url, os.path.join(folder, name))
         except OSError as e:
-            raise SystemExit(f"language.py: cannot download {url} ({e}). Without a network, put {task.upper()}/"
-                             f"train.tsv and dev.tsv (the GLUE files) under {os.path.abspath(data_dir)}") from None
+            raise FileNotFoundError(f"cannot download {url} ({e}). Without a network, put {task.upper()}/train.tsv "
+                                    f"and dev.tsv (the GLUE files) under {os.path.abspath(data_dir)}") from None
     if task == "qqp":
-        with zipfile.ZipFile(os.path.join(folder, "QQP-clean.zip")) as z:
-            for name in ["train.tsv", "dev.tsv"]:
-                with z.open(f"QQP/{name}") as src, open(os.path.join(folder, name), "wb") as dst:
-                    dst.write(src.read())
+        try:
+            with zipfile.ZipFile(os.path.join(folder, "QQP-clean.zip")) as z:
+                for name in ["train.tsv", "dev.tsv"]:
+                    with z.open(f"QQP/{name}") as src, open(os.path.join(folder, name), "wb") as dst:
+                        dst.write(src.read())
+        except (zipfile.BadZipFile, KeyError) as e:
+            raise ValueError(f"{os.path.join(folder, 'QQP-clean.zip')} is not GLUE's QQP archive ({e})") from None
         return
     # MRPC, GLUE's rule: dev = the training pairs listed in dev_ids.tsv, train = the other training pairs
     with open(os.path.join(folder, "dev_ids.tsv"), encoding="utf-8") as fh:
         dev_ids = {tuple(row) for row in csv.reader(fh, delimiter="\t")}
-    with open(os.path.join(folder, "msr_paraphrase_train.txt"), encoding="utf-8-sig") as fh:
+    path = os.path.join(folder, "msr_paraphrase_train.txt")
+    with open(path, encoding="utf-8-sig") as fh:
         header, *rows = fh.read().splitlines()
     with open(os.path.join(folder, "train.tsv"), "w", encoding="utf-8") as tr, \
             open(os.path.join(folder, "dev.tsv"), "w", encoding="utf-8") as dv:
         tr.write(header + "\n")
         dv.write(header + "\n")
-        for row in rows:
-            label, id1, id2, s1, s2 = row.split("\t")
+        for i, row in enumerate(rows, start=2):
+            fields = row.split("\t")
+            if len(fields) != 5:
+                raise ValueError(f"{path} line {i} has {len(fields)} tab-separated fields, expected 5")
+            label, id1, id2, s1, s2 = fields
             (dv if (id1, id2) in dev_ids else tr).write(f"{label}\t{id1}\t{id2}\t{s1}\t{s2}\n")
 
 
 def read_tsv(path, task):
-    """[(sentence A, sentence B, label)] of a GLUE TSV file; a missing or malformed file is one clear error."""
+    """[(sentence A, sentence B, label)] of a GLUE TSV file. A missing file is a FileNotFoundError that says where
+    to put it; a present but malformed one (a missing column, a short row, a label outside {0, 1}) a ValueError
+    naming the file and the line."""
     a, b, y = COLUMNS[task]
     try:
-        with open(path, encoding="utf-8-sig") as fh:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
             reader = csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
             missing = [c for c in (a, b, y) if c not in (reader.fieldnames or [])]
             if missing:
-                raise ValueError(f"no column {missing[0]!r}")
-            pairs = [(r[a], r[b], int(r[y])) for r in reader if r[y] not in (None, "")]  # QQP has a few blank rows
+                raise ValueError(f"{path} is not a GLUE {task.upper()} file: no column {missing[0]!r} in its header")
+            pairs = []
+            for row in reader:
+                line = reader.line_num
+                if None in row.values() or None in row:  # fewer fields than the header (None values), or more
+                    n = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None, []))
+                    raise ValueError(f"{path} line {line} has {n} fields, not the header's {len(reader.fieldnames)} "
+                                     "(a truncated or malformed file)")
+                if row[y] not in ("0", "1"):
+                    raise ValueError(f"{path} line {line}: label {row[y]!r} is not 0 or 1")
+                pairs.append((row[a], row[b], int(row[y])))
     except FileNotFoundError:
-        raise SystemExit(f"language.py: {path} not found. Put the GLUE {task.upper()} files (train.tsv, dev.tsv) in "
-                         f"{os.path.dirname(os.path.abspath(path))}, or run with --download where there is a "
-                         "network") from None
-    except (ValueError, TypeError, UnicodeDecodeError) as e:
-        raise SystemExit(f"language.py: {path} is not a GLUE {task.upper()} file ({type(e).__name__}: {e})") from None
+        raise FileNotFoundError(f"{path} not found. Put the GLUE {task.upper()} files (train.tsv, dev.tsv) in "
+                                f"{os.path.dirname(os.path.abspath(path))}, or run with --download where there is a "
+                                "network") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e})") from None
     if not pairs:
-        raise SystemExit(f"language.py: {path} holds no sentence pairs")
+        raise ValueError(f"{path} holds no sentence pairs")
     return pairs
 
 
@@ -198,18 +224,18 @@ def encode(pairs, tok, max_len):
 class Block(nn.Module):
     """Pre-norm transformer block; attn 'relu' puts relu(scores) in place of the softmax."""
 
-    def __init__(self, width, heads, dropout, attn, causal):
+    def __init__(self, dim, heads, dim_head, mlp_dim, dropout, attn, causal):
         super().__init__()
-        self.heads, self.attn, self.causal = heads, attn, causal
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.heads, self.dim_head, self.attn, self.causal = heads, dim_head, attn, causal
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * heads * dim_head), nn.Linear(heads * dim_head, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, mask):  # x (B, T, C), mask (B, T) True for real tokens
         B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5  # (B, nh, T, T)
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * self.dim_head**-0.5  # (B, nh, T, T)
         keep = mask[:, None, None, :]  # keys that are real tokens
         if self.causal:
             keep = keep & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -217,22 +243,22 @@ class Block(nn.Module):
             att = att.masked_fill(~keep, float("-inf")).softmax(-1)
         else:
             att = F.relu(att) * keep
-        y = (self.drop(att) @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = (self.drop(att) @ v).transpose(1, 2).reshape(B, T, -1)  # (B, T, nh * hs)
         x = x + self.drop(self.proj(y))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
-class Transformer(nn.Module):
+class TextTransformer(nn.Module):
     """RoBERTa-like encoder (classifier on <s>) or, causal=True, GPT-2-like (classifier on the last real token)."""
 
-    def __init__(self, vocab, max_len, width, layers, heads, dropout, attn="softmax", causal=False):
+    def __init__(self, vocab, max_len, dim, depth, heads, dim_head, mlp_dim, dropout, attn="softmax", causal=False):
         super().__init__()
         self.causal = causal
-        self.embed, self.norm = nn.Embedding(vocab, width), nn.LayerNorm(width)
-        self.pos = nn.Embedding(max_len, width)  # added once, after the noise
+        self.embed, self.norm = nn.Embedding(vocab, dim), nn.LayerNorm(dim)
+        self.pos = nn.Embedding(max_len, dim)  # added once, after the noise
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList([Block(width, heads, dropout, attn, causal) for _ in range(layers)])
-        self.ln_f, self.head = nn.LayerNorm(width), nn.Linear(width, 2)
+        self.blocks = nn.ModuleList([Block(dim, heads, dim_head, mlp_dim, dropout, attn, causal) for _ in range(depth)])
+        self.ln_f, self.head = nn.LayerNorm(dim), nn.Linear(dim, 2)
 
     def embed_normed(self, tokens):
         return self.norm(self.embed(tokens))  # (B, T, C): where the sensitivity adds its noise
@@ -285,13 +311,13 @@ class LSTMClassifier(nn.Module):
     """Stacked LSTM; the classifier reads the hidden state at the last real token (padding comes after it, so it
     cannot affect the prediction). fused=True runs torch.nn.LSTM with the same weights."""
 
-    def __init__(self, vocab, width, layers, dropout, fused=False):
+    def __init__(self, vocab, dim, depth, dropout, fused=False):
         super().__init__()
         self.fused = fused
-        self.embed, self.norm = nn.Embedding(vocab, width), nn.LayerNorm(width)
-        self.layers = nn.ModuleList([LSTMLayer(width, width) for _ in range(layers)])
+        self.embed, self.norm = nn.Embedding(vocab, dim), nn.LayerNorm(dim)
+        self.layers = nn.ModuleList([LSTMLayer(dim, dim) for _ in range(depth)])
         self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(width, 2)
+        self.head = nn.Linear(dim, 2)
         self._fused = {}  # the torch.nn.LSTM shell per device; a plain dict, so its own weights are never registered
 
     def embed_normed(self, tokens):
@@ -325,9 +351,10 @@ class LSTMClassifier(nn.Module):
 
 def build_model(name, attn, vocab, args):
     if name == "lstm":
-        return LSTMClassifier(vocab, args.width, args.layers, args.dropout, fused=args.fused)
-    return Transformer(vocab, args.max_len, args.width, args.layers, args.heads, args.dropout, attn,
-                       causal=name == "gpt2")
+        return LSTMClassifier(vocab, args.dim, args.depth, args.dropout, fused=args.fused)
+    dim_head, mlp_dim = args.dim_head or args.dim // args.heads, args.mlp_dim or 4 * args.dim
+    return TextTransformer(vocab, args.max_len, args.dim, args.depth, args.heads, dim_head, mlp_dim, args.dropout, attn,
+                           causal=name == "gpt2")
 
 
 # -----------------------------------------------------------------------------
@@ -375,8 +402,7 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed):
 
         def f(xb, idx):
             return model.forward_normed(xb, mask[idx])
-    gen = torch.Generator(e.device).manual_seed(seed)
-    s = sensitivity(f, e, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, generator=gen)
+    s = sensitivity(f, e, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, seed=seed)
     return s, mask_est.sum(0)
 
 
@@ -385,6 +411,8 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed):
 
 
 def train_one(name, attn, seed, args, data, vocab, results):
+    """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Returns
+    the model, or None if its loss became non-finite (metrics.json then marks the run diverged)."""
     run = f"{name}{'' if name == 'lstm' else '-' + attn}/seed{seed}"
     seed_all(seed)
     device = data["train"][0].device
@@ -393,45 +421,47 @@ def train_one(name, attn, seed, args, data, vocab, results):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     x, y = data["train"]
     gen = torch.Generator(device).manual_seed(seed)
-    total = int(args.epochs * len(x))
-    seen, next_eval, t0 = 0, 0, time.time()
-    while True:
-        if seen >= next_eval or seen >= total:
-            row = {"examples": seen, "time": 0.0}
+    steps_per_epoch = math.ceil(len(x) / args.batch_size)
+    num_steps = max(1, round(args.epochs * steps_per_epoch))
+    seen, t0 = 0, time.time()
+    for step in range(num_steps + 1):
+        if step % args.eval_every == 0 or step == num_steps:
+            row = {"step": step, "examples": seen}
             row["train_loss"], row["train_acc"] = evaluate(model, x, y)
-            row["valid_loss"], row["valid_acc"] = evaluate(model, *data["valid"])
-            s, pairs = measure_sensitivity(model, x[: args.n_sens], args.sigma, args.reps, args.positions, args.align,
-                                           seed)
+            if results.diverged(run, step, row["train_loss"]):
+                return None
+            row["test_loss"], row["test_acc"] = evaluate(model, *data["test"])
+            s, pairs = measure_sensitivity(model, x[: args.n_sens], args.sigma, args.reps, args.sens_positions,
+                                           args.align, seed)
             row["sens"], row["sens_stderr"] = s.mean, s.stderr
-            if args.sens_valid:
-                sv, _ = measure_sensitivity(model, data["valid"][0][: args.n_sens], args.sigma, args.reps,
-                                            args.positions, args.align, seed)
-                row["sens_valid"], row["sens_valid_stderr"] = sv.mean, sv.stderr
+            if args.sens_test:
+                st, _ = measure_sensitivity(model, data["test"][0][: args.n_sens], args.sigma, args.reps,
+                                            args.sens_positions, args.align, seed)
+                row["sens_test"], row["sens_test_stderr"] = st.mean, st.stderr
             row["time"] = time.time() - t0
             results.log(run, row)
-            print(f"{run} examples {seen:7d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f} | "
-                  f"valid acc {row['valid_acc']:.3f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
-                  f"{row['time']:.0f}s")
-            next_eval += args.sens_every
-            if seen >= total:
-                break
+            print(f"{run} step {step:6d} | examples {seen:7d} | train loss {row['train_loss']:.4f} acc "
+                  f"{row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | sens {row['sens']:.4f} +- "
+                  f"{row['sens_stderr']:.4f} | {row['time']:.0f}s")
+        if step == num_steps:
+            break
+        if step % steps_per_epoch == 0:  # a new pass over the training pairs in a new random order
+            batches = torch.randperm(len(x), generator=gen, device=device).split(args.batch_size)
+        idx = batches[step % steps_per_epoch]
         model.train()
-        for idx in torch.randperm(len(x), generator=gen, device=device).split(args.batch_size):
-            loss = F.cross_entropy(model(trim(x[idx])), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            seen += len(idx)
-            if seen >= next_eval or seen >= total:
-                break
-    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "valid_acc", "train_loss", "valid_loss"]}
-    final["test_acc"] = row["valid_acc"]  # GLUE's test labels are hidden: validation is the test set
-    if args.sens_valid:
-        final["sens_valid"] = row["sens_valid"]
+        loss = F.cross_entropy(model(trim(x[idx])), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        seen += len(idx)
+    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss"]}
+    if args.sens_test:
+        final["sens_test"] = row["sens_test"]
     final["sens_by_position"] = s.per_position.tolist()  # as long as the longest measured pair
     final["pairs_by_position"] = pairs.tolist()  # how many of the measured pairs reach each position
     final["align"] = args.align
     results.final(run, final)
+    return model
 
 
 # -----------------------------------------------------------------------------
@@ -449,8 +479,8 @@ def plot(data, folder):
         hists = [r["history"] for r in runs]
         plot_curves(axes[0], hists, "examples", "sens", f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
         plot_curves(axes[1], hists, "examples", "train_acc", name)
-        plot_curves(axes[2], hists, "examples", "valid_acc", name)
-    for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "validation accuracy"]):
+        plot_curves(axes[2], hists, "examples", "test_acc", name)
+    for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test (GLUE validation) accuracy"]):
         ax.set_title(t)
         ax.set_xlabel("training examples seen")
         ax.legend(fontsize=7)
@@ -460,7 +490,8 @@ def plot(data, folder):
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, finals in done.items():
             if finals:
-                prof = torch.tensor([f["sens_by_position"] for f in finals]).nanmean(0)
+                prof = torch.tensor([[math.nan if v is None else v for v in f["sens_by_position"]]
+                                     for f in finals]).nanmean(0)  # null in the file where no pair reaches
                 right = finals[0]["align"] == "right"
                 pos = torch.arange(len(prof)) - (len(prof) - 1 if right else 0)
                 if "pairs_by_position" in finals[0]:  # drop the rare long tail: positions a quarter of pairs reach
@@ -477,25 +508,30 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot), args.plot))
+        print("wrote", *plot(load_results(args.plot, "language"), args.plot))
         return None
+    device = setup(args)
     if args.download:
         download(args.task, args.data_dir)
     folder_data = os.path.join(args.data_dir, args.task.upper())
-    train = read_tsv(os.path.join(folder_data, "train.tsv"), args.task)[: args.n_train]
-    valid = read_tsv(os.path.join(folder_data, "dev.tsv"), args.task)[: args.n_valid]
+    train = read_tsv(os.path.join(folder_data, "train.tsv"), args.task)
+    test = read_tsv(os.path.join(folder_data, "dev.tsv"), args.task)
+    train = train[: subset_size("--n-train", args.n_train, len(train), f"{args.task.upper()} training pairs")]
+    test = test[: subset_size("--n-test", args.n_test, len(test), f"{args.task.upper()} validation pairs")]
+    subset_size("--n-sens", args.n_sens, len(train), "training pairs (--n-train) to measure on")
+    if args.sens_test:
+        subset_size("--n-sens", args.n_sens, len(test), "test pairs (--n-test) that --sens-test measures on")
     tok = Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)
-    device, folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}")
     data = {"train": [t.to(device) for t in encode(train, tok, args.max_len)],
-            "valid": [t.to(device) for t in encode(valid, tok, args.max_len)]}
-    print(f"{args.task}: {len(train)} train / {len(valid)} validation pairs, vocabulary {len(tok.itos)}")
+            "test": [t.to(device) for t in encode(test, tok, args.max_len)]}
+    folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}", device)
+    print(f"{args.task}: {len(train)} train / {len(test)} test (GLUE validation) pairs, vocabulary {len(tok.itos)}")
     try:
-        for name in args.model:
-            for attn in (["softmax"] if name == "lstm" else args.attn):
-                for seed in args.seeds:
-                    train_one(name, attn, seed, args, data, len(tok.itos), results)
-    except KeyboardInterrupt:
-        print("interrupted: metrics.json keeps every evaluation so far")
+        with results.recording():
+            for name in args.model:
+                for attn in (["softmax"] if name == "lstm" else args.attn):
+                    for seed in args.seeds:
+                        train_one(name, attn, seed, args, data, len(tok.itos), results)
     finally:
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", *plot(results.data, folder))
@@ -503,4 +539,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

@@ -13,13 +13,15 @@ choice (all flags).
 """
 
 import argparse
+import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import flip, load_results, plot_curves, pyplot, save_figure, seed_all, sensitivity, start_run
+from common import (ArgumentParser, check_args, cli, flip, load_results, plot_curves, pyplot, save_figure, seed_all,
+                    sensitivity, setup, start_run)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]. With n = 20, k = 3,
 # batch 64 at lr 1e-3 did not learn in 15,000 steps on our CPU; batch 256 with AdamW weight decay 0.1 did in 6,000.
@@ -34,7 +36,7 @@ SETTINGS = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # task
     p.add_argument("--n", type=int, default=20, help="number of bits")
     p.add_argument("--k", type=int, default=3, help="number of relevant bits (the parity's degree)")
@@ -45,46 +47,54 @@ def parse_args(argv=None):
     p.add_argument("--data-seed", type=int, default=1234, help="seed of the relevant bits and the data")
     # model and optimisation
     p.add_argument("--dim", type=int, default=None, help="embedding width (default: the setting's)")
+    p.add_argument("--depth", type=int, default=2, help="transformer blocks")
     p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--dim-head", type=int, default=None, help="width of one attention head (default: dim / heads)")
+    p.add_argument("--mlp-dim", type=int, default=None, help="hidden width of the block MLP (default: 4 * dim)")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: the setting's)")
     p.add_argument("--batch-size", type=int, default=None, help="samples per step (default: the setting's)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's decoupled weight decay (0: plain Adam)")
     p.add_argument("--steps", type=int, default=8000, help="Adam steps")
-    p.add_argument("--seed", type=int, default=None, help="initialisation/order seed (default: the setting's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="initialisation/order seeds, each run in turn (default: the setting's seed)")
     # sensitivity
-    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations")
+    p.add_argument("--eval-every", type=int, default=200, help="Adam steps between evaluations (and at the end)")
     p.add_argument("--n-sens", type=int, default=1000, help="training inputs the sensitivity is measured on")
-    p.add_argument("--n-eval", type=int, default=2000, help="training inputs the train accuracy/loss is measured on")
+    p.add_argument("--n-eval", type=int, default=None,
+                   help="training inputs the train accuracy/loss is measured on (default: 2000, or all if fewer)")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/parity/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: n<n>-k<k>-setting<s> or n<n>-k<k>-all")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
     args = p.parse_args(argv)
+    check_args(p, args, positive=["n", "n_test", "heads", "depth", "steps", "eval_every", "n_sens", "n_eval", "n_train",
+                                  "dim", "dim_head", "mlp_dim", "batch_size", "lr"],
+               nonnegative=["weight_decay", "seeds", "data_seed", "threads"])
     if not 1 <= args.k <= args.n:
-        p.error("need 1 <= --k <= --n")
-    for name in ["n_test", "heads", "layers", "steps", "eval_every", "n_sens", "n_eval"]:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ["n_train", "dim", "batch_size"]:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.lr is not None and args.lr <= 0:
-        p.error("--lr must be > 0")
-    if args.weight_decay < 0:
-        p.error("--weight-decay must be >= 0")
+        p.error(f"need 1 <= --k <= --n, got --k {args.k} --n {args.n}")
+    for s in list(SETTINGS) if args.all_settings else [args.setting]:
+        hp = setting(args, s)
+        if hp["dim"] % args.heads and args.dim_head is None:
+            p.error(f"--dim {hp['dim']} must be a multiple of --heads {args.heads} (or give --dim-head)")
+        for flag, n in [("--n-sens", args.n_sens), ("--n-eval", args.n_eval)]:
+            if n is not None and n > hp["n_train"]:
+                p.error(f"{flag} {n} asks for more than the {hp['n_train']} training samples of setting {s}")
+    if args.plot and not os.path.exists(args.plot):
+        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     return args
 
 
 def setting(args, s):
-    """The hyper-parameters of setting s, with any flag given on the command line taking precedence."""
+    """The hyper-parameters of setting s, with any flag given on the command line taking precedence; seeds is the
+    list of seeds to run (--seeds, or the setting's one seed)."""
     out = dict(SETTINGS[s])
-    for key in out:
+    for key in ["n_train", "batch_size", "dim", "lr"]:
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
-    if out["dim"] % args.heads:
-        raise SystemExit(f"parity.py: --dim {out['dim']} must be a multiple of --heads {args.heads}")
+    out["seeds"] = args.seeds if args.seeds is not None else [out.pop("seed")]
+    out.pop("seed", None)
     return out
 
 
@@ -111,30 +121,33 @@ def parity(x, relevant):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads):
+    """Pre-norm transformer block: softmax self-attention over the bits, then a GELU MLP."""
+
+    def __init__(self, dim, heads, dim_head, mlp_dim):
         super().__init__()
-        self.heads = heads
+        self.heads, self.dim_head = heads, dim_head
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.qkv, self.proj = nn.Linear(dim, 3 * heads * dim_head), nn.Linear(heads * dim_head, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        att = ((q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5).softmax(-1)  # (B, nh, T, T)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        att = ((q @ k.transpose(-2, -1)) * self.dim_head**-0.5).softmax(-1)  # (B, nh, T, T)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, -1))
         return x + self.mlp(self.ln2(x))
 
 
 class ParityTransformer(nn.Module):
     """Bits as tokens: an embedding of the bit's value plus a learned position, a class token, two blocks."""
 
-    def __init__(self, n, dim, heads, layers):
+    def __init__(self, n, dim, heads, depth, dim_head=None, mlp_dim=None):
         super().__init__()
         self.bit = nn.Embedding(2, dim)  # the value -1 or +1
         self.pos = nn.Parameter(0.02 * torch.randn(1, n + 1, dim))
         self.cls = nn.Parameter(0.02 * torch.randn(1, 1, dim))
-        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, dim_head or dim // heads, mlp_dim or 4 * dim)
+                                      for _ in range(depth)])
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2))
 
     def forward(self, x):  # x (B, n, 1) in {-1, +1}
@@ -180,15 +193,23 @@ def exact_sensitivity(model, n, device):
 
 
 @torch.no_grad()
-def evaluate(model, sets, sens_x, relevant_mask, n):
-    """Loss and accuracy on each set, Boolean sensitivity on sens_x (count, normalised, per bit, on the k bits)."""
+def evaluate(model, sets):
+    """Loss and accuracy on each set."""
     model.eval()
     row = {}
     for name, (x, y) in sets.items():
         logits = torch.cat([model(x[i:i + 4096]) for i in range(0, len(x), 4096)])
         row[f"{name}_loss"] = F.cross_entropy(logits, y).item()
         row[f"{name}_acc"] = (logits.argmax(1) == y).float().mean().item()
-    s = sensitivity(lambda xb, idx: model(xb), sens_x, flip())
+    return row
+
+
+@torch.no_grad()
+def measure_sensitivity(model, sens_x, relevant_mask, n):
+    """Boolean sensitivity on sens_x: normalised (/ n), as a count (Eq. 1), per bit, and on the k relevant bits."""
+    model.eval()
+    row = {}
+    s = sensitivity(lambda xb, idx: model(xb), sens_x, flip(), seed=0)  # flips draw no noise
     row["sens"], row["sens_stderr"] = s.mean, s.stderr  # normalised by n
     row["sens_count"], row["sens_count_stderr"] = s.mean * n, s.stderr * n  # Eq. 1: flips summed over the bits
     row["sens_relevant"] = s.per_position[relevant_mask].sum().item()  # of which on the k relevant bits
@@ -196,24 +217,28 @@ def evaluate(model, sets, sens_x, relevant_mask, n):
     return row
 
 
-def train_one(args, s, results, device):
+def train_one(args, s, seed, results, device):
     hp = setting(args, s)
     relevant, train, test = make_task(args.n, args.k, hp["n_train"], args.n_test, args.data_seed)
     x_train, y_train = (t.to(device) for t in train)
-    sets = {"train": (x_train[: args.n_eval], y_train[: args.n_eval]), "test": tuple(t.to(device) for t in test)}
+    n_eval = args.n_eval or min(2000, len(x_train))
+    sets = {"train": (x_train[:n_eval], y_train[:n_eval]), "test": tuple(t.to(device) for t in test)}
     sens_x = x_train[: args.n_sens]
     relevant_mask = torch.zeros(args.n, dtype=torch.bool)
     relevant_mask[relevant] = True
-    seed_all(hp["seed"])
-    model = ParityTransformer(args.n, hp["dim"], args.heads, args.layers).to(device)
+    seed_all(seed)
+    model = ParityTransformer(args.n, hp["dim"], args.heads, args.depth, args.dim_head, args.mlp_dim).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=args.weight_decay)
-    run = f"setting{s}/seed{hp['seed']}"
+    run = f"setting{s}/seed{seed}"
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
-    gen = torch.Generator(device).manual_seed(hp["seed"])
+    gen = torch.Generator(device).manual_seed(seed)
     t0 = time.time()
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
-            row = {"step": step, **evaluate(model, sets, sens_x, relevant_mask, args.n), "time": time.time() - t0}
+            row = {"step": step, **evaluate(model, sets)}
+            if results.diverged(run, step, row["train_loss"]):
+                return None
+            row.update(measure_sensitivity(model, sens_x, relevant_mask, args.n), time=time.time() - t0)
             results.log(run, row)
             print(f"{run} step {step:5d} | train acc {row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | "
                   f"sens count {row['sens_count']:.3f} +- {row['sens_count_stderr']:.3f} (on relevant bits "
@@ -264,17 +289,18 @@ def plot(data, folder, k):
 
 def main(args):
     if args.plot:
-        data = load_results(args.plot)
+        data = load_results(args.plot, "parity")
         print("wrote", plot(data, args.plot, data["args"]["k"]))
         return None
     which = list(SETTINGS) if args.all_settings else [args.setting]
     name = f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
-    device, folder, results = start_run("parity", args, name)
+    device = setup(args)
+    folder, results = start_run("parity", args, name, device)
     try:
-        for s in which:
-            train_one(args, s, results, device)
-    except KeyboardInterrupt:
-        print("interrupted: metrics.json keeps every evaluation so far")
+        with results.recording():
+            for s in which:
+                for seed in setting(args, s)["seeds"]:
+                    train_one(args, s, seed, results, device)
     finally:
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", plot(results.data, folder, args.k))
@@ -282,4 +308,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

@@ -19,13 +19,16 @@ training set, in eval mode with the BatchNorm statistics untouched.
 import argparse
 import math
 import os
+import pickle
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import vision
-from common import load_results, patchify, plot_curves, pyplot, save_figure, seed_all, start_run, unpatchify
+from common import (ArgumentParser, check_args, cli, load_results, patchify, plot_curves, pyplot, save_figure,
+                    seed_all, setup, start_run, subset_size, unpatchify)
 
 # -----------------------------------------------------------------------------
 # corruptions: float images in [0, 1], (B, C, H, W), batched on the device. Strength per severity 1..5 from the
@@ -281,14 +284,22 @@ def corrupt(images, name, severity, generator):
 
 def read_release(folder, name, severity, n=None):
     """The official CIFAR-10-C arrays: <name>.npy (50000, 32, 32, 3) uint8, severity s = rows (s-1)*10000 on."""
-    try:
-        x = np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r")
-        y = np.load(os.path.join(folder, "labels.npy"), mmap_mode="r")
-    except (FileNotFoundError, ValueError, OSError) as e:
-        raise SystemExit(f"robustness.py: cannot read {name}.npy / labels.npy in {folder} ({e}); get CIFAR-10-C from "
-                         "https://zenodo.org/record/2535967 or drop --cifar10c-dir to generate the corruptions"
-                         ) from None
+    arrays = []
+    for file in [f"{name}.npy", "labels.npy"]:
+        path = os.path.join(folder, file)
+        try:
+            arrays.append(np.load(path, mmap_mode="r"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no {path}: get CIFAR-10-C from https://zenodo.org/record/2535967, or drop "
+                                    "--cifar10c-dir to generate the corruptions") from None
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{path} is present but not a readable .npy array ({e})") from None
+    x, y = arrays
+    if x.ndim != 4 or len(x) != len(y) or len(x) % 5:
+        raise ValueError(f"{os.path.join(folder, name)}.npy has shape {x.shape} for {len(y)} labels: expected 5 "
+                         "severity blocks of (N, H, W, C) images")
     per = len(x) // 5
+    subset_size("--n-corrupt", n, per, f"images per severity in {name}.npy")
     rows = slice((severity - 1) * per, (severity - 1) * per + (n or per))
     images = torch.from_numpy(np.array(x[rows])).permute(0, 3, 1, 2)  # a copy of the mapped rows, NHWC -> NCHW
     return images, torch.from_numpy(y[rows].astype(np.int64))
@@ -351,14 +362,15 @@ def sharpness(model, x, std, reps, generator, batch_size=500):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       parents=[vision.base_parser()])  # every flag of vision.py's models, data, training, sensitivity
     # what to run
     p.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
                    help="training variants, each applied to every --model")
     p.add_argument("--paper", action="store_true", help="the paper's six: resnet18, densenet121, vit, vit-simple "
                    "vanilla, vit + augment, vit + reg (overrides --model and --variants)")
     p.add_argument("--from-vision", type=str, default=None, help="evaluate the models saved by vision.py "
-                   "--save-model in this run folder instead of training")
+                   "--save-model in this run folder instead of training (its model and data flags are reused)")
     p.add_argument("--augment-std", type=float, default=0.1, help="std of the Gaussian-noise augmentation")
     p.add_argument("--reg", type=float, default=0.5, help="weight p of the sensitivity regulariser [author code]")
     p.add_argument("--reg-std", type=float, default=1.0, help="noise std on the regulariser's patch [author code]")
@@ -371,23 +383,37 @@ def parse_args(argv=None):
     p.add_argument("--sharp-std", type=float, default=0.05, help="std of the weight noise [author code]")
     p.add_argument("--sharp-reps", type=int, default=5, help="weight-noise draws [author code]")
     p.add_argument("--n-sharp", type=int, default=2000, help="training images the sharpness is measured on")
-    own, rest = p.parse_known_args(argv)
-    if own.from_vision:
-        saved = load_results(own.from_vision)["args"]
-        rest = [a for k, v in saved.items() if k not in ("out_dir", "run_name", "plot", "save_model")
-                for a in to_argv(k, v)] + rest
-    args = vision.parse_args(rest)  # every vision.py flag (model, data, optimisation, sensitivity) works here
-    for k, v in vars(own).items():
-        setattr(args, k, v)
-    if own.paper:
+    args = p.parse_args(argv)
+    if args.from_vision:  # the saved run's own flags first, so that those given here take precedence
+        try:
+            saved = load_results(args.from_vision, "vision")["args"]
+        except ValueError as e:
+            p.error(f"--from-vision: {e}")
+        known = vars(p.parse_args([]))
+        skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device"}
+        args = p.parse_args([a for k, v in saved.items() if k in known and k not in skip for a in to_argv(k, v)]
+                            + (argv if argv is not None else sys.argv[1:]))
+    vision.check_arguments(p, args)
+    if args.paper:
         args.model, args.variants = ["resnet18", "densenet121", "vit", "vit-simple"], ["vanilla"]
     bad = [c for c in args.corruptions if c not in SEVERITY]
-    if bad or any(not 1 <= s <= 5 for s in args.severities):
-        p.error(f"unknown corruption {bad[0]!r}" if bad else "--severities are 1..5")
-    if args.sharp_std < 0 or args.augment_std < 0 or args.reg_std < 0 or not 0 <= args.reg <= 1:
-        p.error("--sharp-std, --augment-std, --reg-std must be >= 0 and --reg in [0, 1]")
-    if args.sharp_reps < 1 or args.n_corrupt < 1 or args.n_sharp < 1:
-        p.error("--sharp-reps, --n-corrupt and --n-sharp must be >= 1")
+    if bad:
+        p.error(f"unknown corruption {bad[0]!r}; choose from {', '.join(SEVERITY)}")
+    if any(not 1 <= s <= 5 for s in args.severities):
+        p.error(f"--severities are 1..5, got {args.severities}")
+    check_args(p, args, positive=["sharp_reps", "n_corrupt", "n_sharp"],
+               nonnegative=["sharp_std", "augment_std", "reg_std", "reg"])
+    if args.reg > 1:
+        p.error(f"--reg is a weight in [0, 1], got {args.reg}")
+    if args.cifar10c_dir and not os.path.isdir(args.cifar10c_dir):
+        p.error(f"--cifar10c-dir {args.cifar10c_dir}: no such folder (get CIFAR-10-C from "
+                "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
+    if args.cifar10c_dir:  # checked before any training
+        missing = [f for f in ["labels.npy"] + [f"{c}.npy" for c in args.corruptions]
+                   if not os.path.isfile(os.path.join(args.cifar10c_dir, f))]
+        if missing:
+            p.error(f"--cifar10c-dir {args.cifar10c_dir}: no {', '.join(missing)} there (get CIFAR-10-C from "
+                    "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
     return args
 
 
@@ -406,10 +432,10 @@ def to_argv(key, value):
 def evaluate_model(model, args, data, gen, device):
     """Sensitivity, accuracies, corruption accuracy per corruption and severity, ShOp, ShPred."""
     final = {}
-    final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"], False)
-    final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"], False)
+    final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"])
+    final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"])
     sens = vision.measure_sensitivity(model, vision.normalize(data["train_x"][: args.n_sens]), args.sens_patch,
-                                      args.sigma[:1], ["tokenwise"], None, args.reps, 0, False)
+                                      args.sigma[:1], ["tokenwise"], None, args.reps, 0, args.sens_positions)
     sens = next(iter(sens.values()))
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     acc = {}
@@ -422,7 +448,7 @@ def evaluate_model(model, args, data, gen, device):
             else:
                 x, y = data["test_x"][: args.n_corrupt], data["test_y"][: args.n_corrupt]
                 x = corrupt(x, name, s, gen)
-            acc[name][str(s)] = vision.evaluate(model, x, y, False)[1]
+            acc[name][str(s)] = vision.evaluate(model, x, y)[1]
     final["corruption_acc"] = acc
     final["mean_corruption_acc"] = float(np.mean([a for per in acc.values() for a in per.values()]))
     final.update(sharpness(model, vision.normalize(data["train_x"][: args.n_sharp]), args.sharp_std, args.sharp_reps,
@@ -475,14 +501,15 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot), args.plot))
+        print("wrote", *plot(load_results(args.plot, "robustness"), args.plot))
         return None
+    device = setup(args)
+    data = vision.prepare_data(args, device)  # the same subsets as vision.py; before the run folder
+    if not args.cifar10c_dir:
+        subset_size("--n-corrupt", args.n_corrupt, len(data["test_x"]), "test images (--n-test)")
+    subset_size("--n-sharp", args.n_sharp, len(data["train_x"]), "training images (--n-train)")
     name = "from-vision" if args.from_vision else f"{args.dataset}-{'-'.join(args.model)}"
-    device, folder, results = start_run("robustness", args, name)
-    data = vision.load_dataset(args.dataset, args.data_dir, device)
-    g = torch.Generator().manual_seed(args.split_seed)  # the same training subset as vision.py
-    keep = torch.randperm(len(data["train_x"]), generator=g)[: args.n_train].to(device)
-    data["train_x"], data["train_y"] = data["train_x"][keep], data["train_y"][keep]
+    folder, results = start_run("robustness", args, name, device)
     shape = vision.DATASETS[args.dataset][:3]
     if args.from_vision:
         jobs = [(m, "vanilla", s) for m in args.model for s in args.seeds]
@@ -492,29 +519,31 @@ def main(args):
     else:
         jobs = [(m, v, s) for m in args.model for v in args.variants for s in args.seeds]
     try:
-        for model_name, variant, seed in jobs:
-            run = f"{model_name}-{variant}/seed{seed}"
-            gen = torch.Generator(device).manual_seed(seed)
-            if args.from_vision:
-                seed_all(seed)
-                model = vision.build_model(model_name, args, *shape).to(device)
-                path = os.path.join(args.from_vision, f"{model_name}-seed{seed}.pt")
-                try:
-                    model.load_state_dict(torch.load(path, map_location=device))
-                except (FileNotFoundError, RuntimeError) as e:
-                    raise SystemExit(f"robustness.py: cannot load {path} ({type(e).__name__}); run vision.py with "
-                                     "--save-model first") from None
-            else:
-                model = vision.train_one(model_name, seed, args, data, shape, results, device, folder, run=run,
-                                         loss_fn=make_loss(variant, args, gen))
-            final = evaluate_model(model, args, data, gen, device)
-            results.final(run, final)
-            print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
-                  f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "
-                  f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} +- {final['shop_stderr']:.4f} | "
-                  f"ShPred {final['shpred']:.4f} +- {final['shpred_stderr']:.4f}")
-    except KeyboardInterrupt:
-        print("interrupted: metrics.json keeps every evaluation so far")
+        with results.recording():
+            for model_name, variant, seed in jobs:
+                run = f"{model_name}-{variant}/seed{seed}"
+                gen = torch.Generator(device).manual_seed(seed)
+                if args.from_vision:
+                    seed_all(seed)
+                    model = vision.build_model(model_name, args, *shape).to(device)
+                    path = os.path.join(args.from_vision, f"{model_name}-seed{seed}.pt")
+                    try:
+                        model.load_state_dict(torch.load(path, map_location=device))
+                    except FileNotFoundError:
+                        raise FileNotFoundError(f"no {path}: run vision.py with --save-model first") from None
+                    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
+                        raise ValueError(f"{path} is not a {model_name} checkpoint of these flags ({e})") from None
+                else:
+                    model = vision.train_one(model_name, seed, args, data, shape, results, device, folder, run=run,
+                                             loss_fn=make_loss(variant, args, gen))
+                    if model is None:  # diverged: marked in metrics.json, nothing to measure
+                        continue
+                final = evaluate_model(model, args, data, gen, device)
+                results.final(run, final)
+                print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
+                      f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "
+                      f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} +- {final['shop_stderr']:.4f} "
+                      f"| ShPred {final['shpred']:.4f} +- {final['shpred_stderr']:.4f}")
     finally:
         paths = plot(results.data, folder)
         if paths:
@@ -523,4 +552,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

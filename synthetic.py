@@ -19,13 +19,15 @@ The paper's sizes were lost; the ones below and in the flags are our choice (see
 
 import argparse
 import copy
+import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import load_results, plot_curves, pyplot, replace, save_figure, seed_all, sensitivity, start_run
+from common import (ArgumentParser, check_args, cli, load_results, plot_curves, pyplot, replace, save_figure, seed_all,
+                    sensitivity, setup, start_run)
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -40,7 +42,7 @@ FIG12 = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # experiment
     p.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
     p.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
@@ -57,29 +59,30 @@ def parse_args(argv=None):
     p.add_argument("--n-test", type=int, default=2000, help="test and OOD test sequences (each)")
     p.add_argument("--data-seed", type=int, default=1234, help="seed of the data generator (fixed across --seeds)")
     # model and optimisation
-    p.add_argument("--d-head", type=int, default=16, help="query/key/value width of the attention head")
+    p.add_argument("--dim-head", type=int, default=16, help="value width of the attention head")
     p.add_argument("--init-std", type=float, default=0.1, help="std of the small random initialisation")
     p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (constant)")
     p.add_argument("--steps", type=int, default=2000, help="SGD steps")
     p.add_argument("--batch-size", type=int, default=100, help="sequences per step (paper: 100)")
     # sensitivity
-    p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    p.add_argument("--eval-every", type=int, default=50, help="SGD steps between evaluations (and at the end)")
     p.add_argument("--n-sens", type=int, default=1000, help="training sequences the sensitivity is measured on")
     p.add_argument("--reps", type=int, default=2, help="random replacements per (sequence, position)")
     # system
     p.add_argument("--device", type=str, default="cpu", help="cpu | cuda | auto (this model is tiny: cpu is fastest)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/synthetic/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: cases, or fig12 with --fig12")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
     args = p.parse_args(argv)
-    for name in ["n", "sparse_set", "frequent_set", "irrelevant_set", "n_train", "n_test", "d_head", "steps",
-                 "batch_size", "eval_every", "n_sens", "reps"]:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.lr <= 0 or args.init_std <= 0:
-        p.error("--lr and --init-std must be > 0")
+    check_args(p, args, positive=["n", "sparse_set", "frequent_set", "irrelevant_set", "n_train", "n_test", "dim_head",
+                                  "steps", "batch_size", "eval_every", "n_sens", "reps", "lr", "init_std", "n_sparse",
+                                  "n_frequent"],
+               nonnegative=["seeds", "data_seed", "threads", "alpha"])
     if args.n_sens > args.n_train:
-        p.error("--n-sens cannot exceed --n-train")
+        p.error(f"--n-sens {args.n_sens} asks for more than the --n-train {args.n_train} training sequences")
+    if args.plot and not os.path.exists(args.plot):
+        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     try:
         settings(args)
     except ValueError as e:
@@ -203,8 +206,8 @@ class AttentionClassifier(nn.Module):
 
 
 @torch.no_grad()
-def evaluate(model, vocab, onehot, sets, sens_x, sens_generator, reps):
-    """Accuracies on each set, head alignment, attention mass per token kind, and the model's sensitivity."""
+def evaluate(model, vocab, onehot, sets, sens_x):
+    """Accuracies on each set, the training loss, head alignment, attention mass per token kind."""
     row = {}
     for name, (ids, y) in sets.items():
         score = model(onehot[ids])
@@ -219,9 +222,6 @@ def evaluate(model, vocab, onehot, sets, sens_x, sens_generator, reps):
     key_kind = vocab.kind[ids]  # (N, n)
     for k, kind in enumerate(["sparse", "frequent", "irrelevant"]):
         row[f"att_{kind}"] = (att * (key_kind == k)[:, None, :]).sum(-1).mean().item()  # mass on that kind
-    s = sensitivity(lambda xb, idx: (model(xb) > 0).long(), sens_x, replace(onehot), reps=reps,
-                    generator=sens_generator)
-    row["sens"], row["sens_stderr"] = s.mean, s.stderr
     return row
 
 
@@ -244,20 +244,23 @@ def train_one(args, label, sizes, seed, results, device):
     # the two candidate functions do not train: their sensitivity is measured once, on the same inputs
     cand = {}
     for kind, name in [(0, "sparse"), (1, "frequent")]:
-        s = sensitivity(vote_classifier(vocab_dev, kind), sens_x, replace(onehot), reps=args.reps,
-                        generator=torch.Generator(device).manual_seed(seed))
+        s = sensitivity(vote_classifier(vocab_dev, kind), sens_x, replace(onehot), reps=args.reps, seed=seed)
         cand[f"sens_{name}_fn"], cand[f"sens_{name}_fn_stderr"] = s.mean, s.stderr
 
     seed_all(seed)
-    model = AttentionClassifier(vocab.d, args.d_head, args.init_std).to(device)
+    model = AttentionClassifier(vocab.d, args.dim_head, args.init_std).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     order = torch.Generator(device).manual_seed(seed)
-    sens_gen = torch.Generator(device).manual_seed(10_000 + seed)
     ids_train, y_train = sets["train"]
     t0 = time.time()
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
-            row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x, sens_gen, args.reps), **cand}
+            row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x)}
+            if results.diverged(run, step, row["train_loss"]):
+                return None
+            # the same replacements at every evaluation (seed fixed), so the curve's steps are not noise
+            s = sensitivity(lambda xb, idx: model(xb), sens_x, replace(onehot), reps=args.reps, seed=10_000 + seed)
+            row.update(sens=s.mean, sens_stderr=s.stderr, **cand)
             results.log(run, row)
             print(f"{run} step {step:5d} | loss {row['train_loss']:.4f} | train {row['train_acc']:.3f} | "
                   f"test {row['test_acc']:.3f} | ood {row['ood_acc']:.3f} | sens {row['sens']:.4f} | "
@@ -308,14 +311,15 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", plot(load_results(args.plot), args.plot))
+        print("wrote", plot(load_results(args.plot, "synthetic"), args.plot))
         return None
-    device, folder, results = start_run("synthetic", args, "fig12" if args.fig12 else "cases")
-    finals = {}
+    device = setup(args)
+    folder, results = start_run("synthetic", args, "fig12" if args.fig12 else "cases", device)
     try:
-        for label, sizes in settings(args):
-            for seed in args.seeds:
-                finals[f"{label}/seed{seed}"] = train_one(args, label, sizes, seed, results, device)
+        with results.recording():
+            for label, sizes in settings(args):
+                for seed in args.seeds:
+                    train_one(args, label, sizes, seed, results, device)
     finally:  # also after Ctrl-C: metrics.json is already saved, draw what there is
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", plot(results.data, folder))
@@ -339,4 +343,4 @@ def summary(data):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

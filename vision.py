@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (gaussian, load_results, patchify, plot_curves, pyplot, save_figure, seed_all, sensitivity,
-                    start_run, unpatchify)
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, patchify, plot_curves, pyplot,
+                    save_figure, seed_all, sensitivity, setup, start_run, subset_size, unpatchify)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -40,8 +40,9 @@ LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "dens
 LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def base_parser():
+    """The flags vision.py shares with robustness.py, which builds its parser on this one (argparse parents)."""
+    p = ArgumentParser(add_help=False)
     # model
     p.add_argument("--model", nargs="+", default=["vit"], help=f"one or more of {MODELS}, trained in turn")
     p.add_argument("--depth", type=int, default=8, help="transformer blocks (ViTs) / mixer layers (ConvMixer)")
@@ -50,18 +51,18 @@ def parse_args(argv=None):
     p.add_argument("--dim-head", type=int, default=64, help="width of one attention head (ViTs)")
     p.add_argument("--mlp-dim", type=int, default=512, help="hidden width of the transformer MLP [author code]")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout of ViT-small [author code: 0.1]")
-    p.add_argument("--patch", type=int, default=None, help="ViT/ConvMixer patch size; default 4 (32x32), 7 (28x28)")
+    p.add_argument("--patch-size", type=int, default=None,
+                   help="ViT/ConvMixer patch size; default 4 (32x32), 7 (28x28)")
     p.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch "
                    "(both reference ViTs have it; it turns any noise on a blank patch into a full-size token change)")
     p.add_argument("--mlp-hidden", type=int, nargs="+", default=[512, 512], help="hidden widths of the MLPs")
-    p.add_argument("--activation", type=str, default="leakyrelu", choices=["leakyrelu", "sigmoid"],
-                   help="activation of --model mlp (mlp-sigmoid always uses sigmoid)")
     # data
     p.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS))
     p.add_argument("--data-dir", type=str, default="data", help="where the dataset files are (or are downloaded to)")
-    p.add_argument("--n-train", type=int, default=None, help="use a random subset of this many training images")
-    p.add_argument("--n-test", type=int, default=None, help="use the first this many test images")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the training subset (fixed across --seeds)")
+    p.add_argument("--n-train", type=int, default=None, help="train on a random subset of this many training images "
+                   "(default: all)")
+    p.add_argument("--n-test", type=int, default=None, help="test on the first this many test images (default: all)")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the training subset (fixed across --seeds)")
     p.add_argument("--augment", action="store_true", help="random crops (pad 4) and flips (32x32 sets only)")
     # optimisation
     p.add_argument("--optimizer", type=str, default="sgd", choices=["sgd", "adam"], help="paper: SGD (Fig. 14: Adam)")
@@ -86,47 +87,64 @@ def parse_args(argv=None):
     p.add_argument("--sens-positions", type=int, default=None,
                    help="sample this many patches per image and draw instead of every patch (large images)")
     p.add_argument("--n-sens", type=int, default=500, help="training images the sensitivity is measured on")
-    p.add_argument("--sens-every", type=int, default=5, help="epochs between sensitivity measurements [author code]")
-    # pretrained (Sec. 5, ImageNet): no training
-    p.add_argument("--pretrained", nargs="+", default=None, choices=["convnext_tiny", "vit_l_16"],
-                   help="measure torchvision's ImageNet models on --imagenet-dir instead of training")
-    p.add_argument("--imagenet-dir", type=str, default=None, help="an ImageFolder of images (e.g. ImageNet train)")
-    p.add_argument("--random-weights", action="store_true", help="--pretrained without downloading weights (tests)")
+    p.add_argument("--eval-every", type=int, default=5, help="epochs between evaluations (and at the end) "
+                   "[author code: 5]")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--amp", action="store_true", help="bf16 autocast for training and evaluation (CUDA only)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast for training (CUDA only); the sensitivity is "
+                   "measured in float32")
     p.add_argument("--compile", action="store_true", help="torch.compile the models")
-    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/vision/<run-name>/")
+    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: <dataset>-<models>")
     p.add_argument("--save-model", action="store_true", help="save each final model to <run>/<model>-seed<k>.pt")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
-    args = p.parse_args(argv)
+    return p
 
+
+def check_arguments(p, args):
+    """Validation of base_parser()'s flags (one-line errors naming the flag); fills in the patch-size defaults."""
     bad = [m for m in args.model if m not in MODELS]
     if bad:
         p.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
-    if any(s < 0 for s in args.sigma) or (args.sigma_global is not None and args.sigma_global < 0):
-        p.error("--sigma and --sigma-global are standard deviations and must be >= 0")
-    for name in ["epochs", "batch_size", "reps", "n_sens", "sens_every", "depth", "heads", "dim", "dim_head"]:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.sens_positions is not None and args.sens_positions < 1:
-        p.error("--sens-positions must be >= 1")
+    check_args(p, args, positive=["epochs", "batch_size", "reps", "n_sens", "eval_every", "depth", "heads", "dim",
+                                  "dim_head", "mlp_dim", "mlp_hidden", "n_train", "n_test", "sens_positions",
+                                  "patch_size", "sens_patch"],
+               nonnegative=["sigma", "sigma_global", "momentum", "weight_decay", "dropout", "seeds", "data_seed",
+                            "threads"])
+    if args.dropout >= 1:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
     try:
         args.lr = parse_lrs(args.lr, args.model)
     except ValueError as e:
         p.error(str(e))
     channels, size, _, _ = DATASETS[args.dataset]
     default_patch = 4 if size == 32 else 7
-    args.patch = args.patch or default_patch
+    args.patch_size = args.patch_size or default_patch
     args.sens_patch = args.sens_patch or default_patch
-    for name in ["patch", "sens_patch"]:
+    for name in ["patch_size", "sens_patch"]:
         if size % getattr(args, name):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)} does not divide the {size}x{size} images")
-    if args.pretrained and not args.imagenet_dir:
-        p.error("--pretrained needs --imagenet-dir (an ImageFolder of images)")
     if args.amp and not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
         p.error("--amp (bf16 autocast) needs a CUDA device")
+    if args.plot and not os.path.exists(args.plot):
+        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       parents=[base_parser()])
+    # pretrained (Sec. 5, ImageNet): no training
+    p.add_argument("--pretrained", nargs="+", default=None, choices=["convnext_tiny", "vit_l_16"],
+                   help="measure torchvision's ImageNet models on --imagenet-dir instead of training")
+    p.add_argument("--imagenet-dir", type=str, default=None, help="an ImageFolder of images (e.g. ImageNet train)")
+    p.add_argument("--random-weights", action="store_true", help="--pretrained without downloading weights (tests)")
+    args = p.parse_args(argv)
+    check_arguments(p, args)
+    if args.pretrained and not args.imagenet_dir:
+        p.error("--pretrained needs --imagenet-dir (an ImageFolder of images)")
+    if args.imagenet_dir and not os.path.isdir(args.imagenet_dir):
+        p.error(f"--imagenet-dir {args.imagenet_dir}: no such folder")
     return args
 
 
@@ -135,7 +153,9 @@ def parse_args(argv=None):
 
 
 def load_dataset(name, data_dir, device):
-    """{'train_x', 'test_x'} uint8 (N, C, H, W) and {'train_y', 'test_y'} int64, on the device."""
+    """{'train_x', 'test_x'} uint8 (N, C, H, W) and {'train_y', 'test_y'} int64, on the device. Missing files are
+    downloaded by torchvision; offline, a FileNotFoundError names the files to provide, and a file that is present
+    but corrupt gets a ValueError naming it."""
     channels, size, classes, files = DATASETS[name]
     if name.startswith("fake"):  # random images of the right shape, for tests and smoke runs
         g = torch.Generator().manual_seed(0)
@@ -146,6 +166,8 @@ def load_dataset(name, data_dir, device):
         return {k: v.to(device) for k, v in data.items()}
     import torchvision.datasets as tvd
 
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise ValueError(f"--data-dir {data_dir} is a file, not a folder")
     cls = {"cifar10": tvd.CIFAR10, "svhn": tvd.SVHN, "fashionmnist": tvd.FashionMNIST, "mnist01": tvd.MNIST}[name]
     data = {}
     for split, train in [("train", True), ("test", False)]:
@@ -153,9 +175,13 @@ def load_dataset(name, data_dir, device):
         try:
             ds = cls(root=data_dir, download=True, **kw)
         except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
-            raise SystemExit(f"vision.py: cannot load {name} from {os.path.abspath(data_dir)} ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} under "
-                             f"that folder (or pass --data-dir), and torchvision will use them.") from None
+            bad = corrupt_file(cls, data_dir)
+            if bad:
+                raise ValueError(f"{bad[0]} is present but unreadable: {bad[1]}. Replace it with a good copy, or "
+                                 "delete it (torchvision then extracts or downloads it again)") from None
+            raise FileNotFoundError(f"cannot load {name} from {os.path.abspath(data_dir)} ({type(e).__name__}: "
+                                    f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} "
+                                    "under that folder (or pass --data-dir), and torchvision will use them") from None
         x = torch.as_tensor(ds.data)
         x = x.permute(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] == 3 else x  # CIFAR is NHWC
         x = x[:, None] if x.ndim == 3 else x  # MNIST-like: add the channel
@@ -164,6 +190,49 @@ def load_dataset(name, data_dir, device):
             keep = y <= 1
             x, y = x[keep], y[keep]
         data[f"{split}_x"], data[f"{split}_y"] = x.contiguous().to(device), y.to(device)
+    return data
+
+
+def corrupt_file(cls, root):
+    """(path, problem) of the first file of a torchvision dataset that is present but damaged, else None: a wrong
+    MD5 checksum (truncated or altered download), or an extracted MNIST-format file that cannot be parsed."""
+    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
+    from torchvision.datasets.utils import check_integrity
+
+    if hasattr(cls, "resources"):  # MNIST, Fashion-MNIST: raw/<file>.gz and the extracted raw/<file>
+        raw = os.path.join(root, cls.__name__, "raw")
+        checks = [(os.path.join(raw, f), md5) for f, md5 in cls.resources]
+        for gz, _ in checks:
+            plain = gz[:-3]
+            if os.path.exists(plain):
+                try:
+                    read_sn3_pascalvincent_tensor(plain)
+                except Exception as e:
+                    return plain, "not a complete IDX file" + (f" ({e})" if str(e) else "")
+    elif hasattr(cls, "split_list"):  # SVHN
+        checks = [(os.path.join(root, f), md5) for _, f, md5 in cls.split_list.values()]
+    else:  # CIFAR-10
+        folder = os.path.join(root, cls.base_folder)
+        checks = [(os.path.join(root, cls.filename), cls.tgz_md5)]
+        checks += [(os.path.join(folder, f), md5) for f, md5 in cls.train_list + cls.test_list]
+    for path, md5 in checks:
+        if os.path.exists(path) and not check_integrity(path, md5):
+            return path, "its MD5 checksum is not the published one (a truncated or altered file)"
+    return None
+
+
+def prepare_data(args, device):
+    """The dataset on the device, cut to what the flags select: a random --n-train subset of the training images
+    drawn with --data-seed (the same for every --seeds), the first --n-test test images. Sizes larger than the data
+    are a ValueError that says how many there are; so is an --n-sens larger than the training subset."""
+    data = load_dataset(args.dataset, args.data_dir, device)
+    n_train = subset_size("--n-train", args.n_train, len(data["train_x"]), f"{args.dataset} training images")
+    n_test = subset_size("--n-test", args.n_test, len(data["test_x"]), f"{args.dataset} test images")
+    subset_size("--n-sens", args.n_sens, n_train, "training images (--n-train) to measure on")
+    g = torch.Generator().manual_seed(args.data_seed)
+    keep = torch.randperm(len(data["train_x"]), generator=g)[:n_train].to(device)
+    data["train_x"], data["train_y"] = data["train_x"][keep], data["train_y"][keep]
+    data["test_x"], data["test_y"] = data["test_x"][:n_test], data["test_y"][:n_test]
     return data
 
 
@@ -413,7 +482,7 @@ class CNN(nn.Module):
 
 
 def build_model(name, args, channels, size, classes):
-    vit_kw = dict(image=size, channels=channels, patch=args.patch, classes=classes, dim=args.dim, depth=args.depth,
+    vit_kw = dict(image=size, channels=channels, patch=args.patch_size, classes=classes, dim=args.dim, depth=args.depth,
                   heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm)
     if name == "vit":
         return ViT(**vit_kw, dropout=args.dropout)
@@ -424,9 +493,9 @@ def build_model(name, args, channels, size, classes):
     elif name == "densenet121":
         return DenseNet121(channels=channels, classes=classes)
     elif name == "convmixer":
-        return ConvMixer(channels=channels, classes=classes, dim=args.dim, depth=args.depth, patch=args.patch)
+        return ConvMixer(channels=channels, classes=classes, dim=args.dim, depth=args.depth, patch=args.patch_size)
     elif name in ("mlp", "mlp-sigmoid"):
-        activation = "sigmoid" if name == "mlp-sigmoid" else args.activation
+        activation = "sigmoid" if name == "mlp-sigmoid" else "leakyrelu"
         return MLP(inputs=channels * size * size, hidden=args.mlp_hidden, classes=classes, activation=activation)
     elif name == "cnn":
         return CNN(channels=channels, size=size, classes=classes)
@@ -445,8 +514,8 @@ def parse_lrs(values, models):
                 out[m] = float(lr)
             except ValueError:
                 raise ValueError(f"--lr {v}: {lr!r} is not a number") from None
-            if not out[m] > 0:
-                raise ValueError(f"--lr {v}: the learning rate must be > 0")
+            if not 0 < out[m] < math.inf:
+                raise ValueError(f"--lr {v}: the learning rate must be a finite number > 0")
     return out
 
 
@@ -461,44 +530,40 @@ def default_lr(model, dataset):
 
 
 @torch.no_grad()
-def evaluate(model, x, y, amp):
-    """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x."""
+def evaluate(model, x, y):
+    """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x, in float32 (also under --amp)."""
     model.eval()
     batch_size = 2048 if x.device.type == "cuda" else 256  # a CPU runs a small ViT 1.5x faster at 256 than 1000
     loss = correct = 0.0
     for i in range(0, len(x), batch_size):
-        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            out = model(normalize(x[i:i + batch_size])).float()
+        out = model(normalize(x[i:i + batch_size])).float()
         loss += F.cross_entropy(out, y[i:i + batch_size], reduction="sum").item()
         correct += (out.argmax(1) == y[i:i + batch_size]).sum().item()
     return loss / len(x), correct / len(x)
 
 
-def measure_sensitivity(model, images, patch, sigmas, noise, sigma_global, reps, seed, amp, positions=None):
+def measure_sensitivity(model, images, patch, sigmas, noise, sigma_global, reps, seed, positions=None):
     """Token-wise sensitivity at each sigma (noise on one patch at a time) and, with 'global' in noise, the App. A.2
-    variant (noise on the whole image). images: normalised (N, C, H, W). Returns {key: Sensitivity}."""
+    variant (noise on the whole image), in float32. images: normalised (N, C, H, W). The noise is drawn from `seed`
+    alone, so models measured with the same seed see the same perturbations. Returns {key: Sensitivity}."""
     model.eval()
     shape = images.shape[1:]
 
     def f(xb, idx):  # the estimator hands (B, T, D) patch tokens; the model sees whole images
-        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            return model(unpatchify(xb, patch, shape)).float()
+        return model(unpatchify(xb, patch, shape)).float()
 
     def g(xb, idx):  # one "token" = the whole image
-        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            return model(xb.view(-1, *shape)).float()
+        return model(xb.view(-1, *shape)).float()
 
     out = {}
-    gen = torch.Generator(images.device)
     tokens = patchify(images, patch)
     if "tokenwise" in noise:
         for sigma in sigmas:
             out[f"tokenwise:{sigma:g}"] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions,
-                                                      generator=gen.manual_seed(seed))
+                                                      seed=seed)
     if "global" in noise:
         std = sigma_global if sigma_global is not None else sigmas[0] / math.sqrt(tokens.shape[1])
-        out["global"] = sensitivity(g, images.flatten(1)[:, None], gaussian(std), reps=reps,
-                                    generator=gen.manual_seed(seed))
+        out["global"] = sensitivity(g, images.flatten(1)[:, None], gaussian(std), reps=reps, seed=seed)
     return out
 
 
@@ -541,8 +606,9 @@ def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False,
 
 
 def train_one(name, seed, args, data, shape, results, device, folder, run=None, loss_fn=cross_entropy):
-    """Train one model, measuring it every --sens-every epochs; run names it in metrics.json (default
-    <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants)."""
+    """Train one model, measuring it every --eval-every epochs; run names it in metrics.json (default
+    <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants).
+    Returns the model, or None if its loss became non-finite (metrics.json then marks the run diverged)."""
     channels, size, classes = shape
     run = run or f"{name}/seed{seed}"
     seed_all(seed)
@@ -559,12 +625,14 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
     gen = torch.Generator(device).manual_seed(seed)
     t0 = time.time()
     for epoch in range(args.epochs + 1):
-        if epoch % args.sens_every == 0 or epoch == args.epochs:
+        if epoch % args.eval_every == 0 or epoch == args.epochs:
             row = {"epoch": epoch}
-            row["train_loss"], row["train_acc"] = evaluate(fwd, x, y, args.amp)
-            row["test_loss"], row["test_acc"] = evaluate(fwd, data["test_x"], data["test_y"], args.amp)
+            row["train_loss"], row["train_acc"] = evaluate(fwd, x, y)
+            if results.diverged(run, epoch, row["train_loss"], "epoch"):
+                return None
+            row["test_loss"], row["test_acc"] = evaluate(fwd, data["test_x"], data["test_y"])
             sens = measure_sensitivity(fwd, sens_images, args.sens_patch, args.sigma, args.noise, args.sigma_global,
-                                       args.reps, seed, args.amp, args.sens_positions)
+                                       args.reps, seed, args.sens_positions)
             for key, s in sens.items():
                 row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
             head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
@@ -578,8 +646,8 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
             break
         loss = train_epoch(fwd, opt, x, y, batch_size=args.batch_size, gen=gen, augment=args.augment, amp=args.amp,
                            lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, args.epochs), loss_fn=loss_fn)
-        if not math.isfinite(loss):
-            raise SystemExit(f"vision.py: {run} diverged at epoch {epoch + 1} (loss {loss}); lower --lr")
+        if results.diverged(run, epoch + 1, loss, "epoch"):
+            return None
     grid = size // args.sens_patch
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss"]}
     final["sens_by_sigma"] = {f"{s:g}": row[f"sens@tokenwise:{s:g}"] for s in args.sigma if "tokenwise" in args.noise}
@@ -606,9 +674,10 @@ def pretrained_run(args, results, device):
     try:
         ds = torchvision.datasets.ImageFolder(args.imagenet_dir, transform=tf)
     except (FileNotFoundError, OSError) as e:
-        raise SystemExit(f"vision.py: cannot read images from {args.imagenet_dir}: {e}") from None
-    g = torch.Generator().manual_seed(args.split_seed)
-    pick = torch.randperm(len(ds), generator=g)[: args.n_sens].tolist()
+        raise FileNotFoundError(f"cannot read images from --imagenet-dir {args.imagenet_dir}: {e}") from None
+    n = subset_size("--n-sens", args.n_sens, len(ds), f"images in {args.imagenet_dir}")
+    g = torch.Generator().manual_seed(args.data_seed)
+    pick = torch.randperm(len(ds), generator=g)[:n].tolist()
     images = torch.stack([ds[i][0] for i in pick]).to(device)
     labels = torch.tensor([ds[i][1] for i in pick], device=device)
     for name in args.pretrained:
@@ -616,14 +685,14 @@ def pretrained_run(args, results, device):
         try:
             model = getattr(torchvision.models, name)(weights=weights).to(device).eval()
         except Exception as e:  # weights cannot be downloaded offline
-            raise SystemExit(f"vision.py: cannot get the {name} weights ({type(e).__name__}); with no network put "
-                             "them in $TORCH_HOME/hub/checkpoints (see torchvision.models) or use --random-weights"
-                             ) from None
+            raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put them "
+                                    "in $TORCH_HOME/hub/checkpoints (see torchvision.models) or use --random-weights"
+                                    ) from None
         final = {}
         if len(ds.classes) == 1000:  # an ImageNet folder: class index = ImageNet label
             with torch.no_grad():
                 final["train_acc"] = (model(images).argmax(1) == labels).float().mean().item()
-        sens = measure_sensitivity(model, images, 16, args.sigma, args.noise, args.sigma_global, args.reps, 0, args.amp,
+        sens = measure_sensitivity(model, images, 16, args.sigma, args.noise, args.sigma_global, args.reps, 0,
                                    args.sens_positions)
         head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
         final.update(sens=sens[head].mean, sens_stderr=sens[head].stderr,
@@ -684,31 +753,27 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot), args.plot))
+        print("wrote", *plot(load_results(args.plot, "vision"), args.plot))
         return None
-    default_name = "imagenet-pretrained" if args.pretrained else f"{args.dataset}-{'-'.join(args.model)}"
-    device, folder, results = start_run("vision", args, default_name)
+    device = setup(args)
     if args.pretrained:
-        pretrained_run(args, results, device)
+        folder, results = start_run("vision", args, "imagenet-pretrained", device)
+        with results.recording():
+            pretrained_run(args, results, device)
         return results.data
-    data = load_dataset(args.dataset, args.data_dir, device)
-    g = torch.Generator().manual_seed(args.split_seed)  # the subset does not depend on --seeds
-    keep = torch.randperm(len(data["train_x"]), generator=g)[: args.n_train].to(device)
-    data["train_x"], data["train_y"] = data["train_x"][keep], data["train_y"][keep]
-    if args.n_test:
-        data["test_x"], data["test_y"] = data["test_x"][: args.n_test], data["test_y"][: args.n_test]
+    data = prepare_data(args, device)  # before the run folder: a missing or corrupt dataset leaves nothing behind
     channels, size, classes, _ = DATASETS[args.dataset]
+    folder, results = start_run("vision", args, f"{args.dataset}-{'-'.join(args.model)}", device)
     print(f"{args.dataset}: {len(data['train_x'])} train / {len(data['test_x'])} test images on {device}")
     try:
-        for name in args.model:
-            for seed in args.seeds:
-                train_one(name, seed, args, data, (channels, size, classes), results, device, folder)
-    except KeyboardInterrupt:
-        print("interrupted: metrics.json keeps every evaluation so far")
+        with results.recording():
+            for name in args.model:
+                for seed in args.seeds:
+                    train_one(name, seed, args, data, (channels, size, classes), results, device, folder)
     finally:
         print("wrote", *plot(results.data, folder))
     return results.data
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli(main, parse_args)

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from common import (Results, flip, gaussian, load_results, new_run_dir, patchify, replace, sensitivity, unpatchify,
-                    write_json)
+from common import (Results, cli, flip, gaussian, load_results, new_run_dir, patchify, replace, sensitivity,
+                    sensitivity_counts, summarise, unpatchify, write_json)
 
 
 def threshold_model(k):
@@ -30,8 +30,7 @@ def test_threshold_flip_rate_matches_gaussian_tail():
     N, T, D, k, a, sigma, reps = 500, 6, 3, 2, 0.4, 0.8, 20
     x = torch.randn(N, T, D, generator=torch.Generator().manual_seed(0))
     x[:, k, 0] = a
-    g = torch.Generator().manual_seed(1)
-    s = sensitivity(threshold_model(k), x, gaussian(sigma), reps=reps, batch_size=1000, generator=g)
+    s = sensitivity(threshold_model(k), x, gaussian(sigma), reps=reps, batch_size=1000, seed=1)
     p = phi(-a / sigma)
     se = math.sqrt(p * (1 - p) / (N * reps))
     assert abs(s.per_position[k].item() - p) < 4 * se
@@ -100,8 +99,8 @@ def test_sampled_positions_agree_with_exact():
     N, T = 400, 10
     x = torch.randn(N, T, 1, generator=torch.Generator().manual_seed(0))
     f = lambda xb, idx: (xb[:, :4, 0].sum(1) > 0).long()  # reads the first 4 tokens
-    exact = sensitivity(f, x, gaussian(1.0), reps=4, generator=torch.Generator().manual_seed(1))
-    sampled = sensitivity(f, x, gaussian(1.0), positions=3, reps=4, generator=torch.Generator().manual_seed(2))
+    exact = sensitivity(f, x, gaussian(1.0), reps=4, seed=1)
+    sampled = sensitivity(f, x, gaussian(1.0), positions=3, reps=4, seed=2)
     assert sampled.evaluations == N * 3 * 4
     assert abs(exact.mean - sampled.mean) < 4 * math.hypot(exact.stderr, sampled.stderr)
     assert exact.mean > 0.02  # the check above is not vacuous
@@ -115,8 +114,8 @@ def test_batch_size_does_not_change_the_answer():
 
     x = torch.randn(300, 6, 2, generator=torch.Generator().manual_seed(0))
     f = lambda xb, idx: (xb[:, :, 0].sum(1) > 0).long()
-    a = sensitivity(f, x, gaussian(0.5), reps=3, batch_size=13, generator=torch.Generator().manual_seed(1))
-    b = sensitivity(f, x, gaussian(0.5), reps=3, batch_size=5000, generator=torch.Generator().manual_seed(2))
+    a = sensitivity(f, x, gaussian(0.5), reps=3, batch_size=13, seed=1)
+    b = sensitivity(f, x, gaussian(0.5), reps=3, batch_size=5000, seed=2)
     assert abs(a.mean - b.mean) < 4 * math.hypot(a.stderr, b.stderr)
 
 
@@ -131,7 +130,7 @@ def test_f_never_sees_more_than_one_chunk():
 def test_fixed_generator_is_reproducible():
     x = torch.randn(60, 8, 3)
     f = lambda xb, idx: xb.sum(1)  # 3 logits
-    runs = [sensitivity(f, x, gaussian(0.3), positions=2, reps=2, generator=torch.Generator().manual_seed(7))
+    runs = [sensitivity(f, x, gaussian(0.3), positions=2, reps=2, seed=7)
             for _ in range(2)]
     assert runs[0].mean == runs[1].mean and torch.equal(runs[0].per_input, runs[1].per_input)
 
@@ -142,7 +141,7 @@ def test_replace_draws_rows_of_the_vocabulary():
     vocab = torch.eye(V)
     x = vocab[torch.zeros(N, 3, dtype=torch.long)]  # every token is e_0
     f = lambda xb, idx: (xb[:, 0, 0] > 0.5).long()
-    s = sensitivity(f, x, replace(vocab), reps=reps, generator=torch.Generator().manual_seed(0))
+    s = sensitivity(f, x, replace(vocab), reps=reps, seed=0)
     p = (V - 1) / V
     assert abs(s.per_position[0].item() - p) < 4 * math.sqrt(p * (1 - p) / (N * reps))
     assert torch.equal(s.per_position[1:], torch.zeros(2))
@@ -160,6 +159,12 @@ def test_patchify_layout_and_round_trip():
 @pytest.mark.parametrize("call", [
     lambda: gaussian(-0.1),
     lambda: gaussian(float("nan")),
+    lambda: gaussian(float("inf")),
+    lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), batch_size=0),
+    lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), batch_size=-2),
+    lambda: sensitivity(lambda xb, i: xb[:1, 0], torch.randn(4, 3, 2), gaussian(1)),  # wrong number of rows
+    lambda: sensitivity(lambda xb, i: xb, torch.randn(4, 3, 2), gaussian(1)),  # (B, T, D): not a prediction
+    lambda: sensitivity(lambda xb, i: xb[:, :, :0].sum(-1)[:, :0], torch.randn(4, 3, 2), gaussian(1)),  # (B, 0)
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), mask=torch.ones(4, 2, dtype=bool)),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(0, 3, 2), gaussian(1)),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), reps=0),
@@ -176,11 +181,11 @@ def test_bad_arguments_raise_value_error(call):
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
-    res = Results(str(tmp_path), {"lr": 0.1}, "cpu")
+    res = Results(str(tmp_path), "vision", {"lr": 0.1}, "cpu")
     res.log("vit/seed0", {"epoch": 0, "sens": 0.5})
     res.final("vit/seed0", {"sens": 0.4, "sens_stderr": 0.01})
     data = json.loads((tmp_path / "metrics.json").read_text())
-    assert data["args"] == {"lr": 0.1} and data["env"]["device"] == "cpu"
+    assert data["args"] == {"lr": 0.1} and data["env"]["device"] == "cpu" and data["script"] == "vision"
     run = data["runs"]["vit/seed0"]
     assert run == {"history": [{"epoch": 0, "sens": 0.5}], "final": {"sens": 0.4, "sens_stderr": 0.01}}
     assert os.listdir(tmp_path) == ["metrics.json"]  # no temp file left behind
@@ -202,3 +207,132 @@ def test_run_dir_is_never_reused(tmp_path):
     a = new_run_dir("vision", "vit", out_dir=str(tmp_path))
     b = new_run_dir("vision", "vit", out_dir=str(tmp_path))
     assert a != b and b.endswith("vit-2") and os.path.isdir(a) and os.path.isdir(b)
+
+
+@pytest.mark.parametrize("form", ["logits (B, 2)", "score (B, 1)", "score (B,)", "labels (B,) long",
+                                  "labels (B,) bool"])
+def test_binary_outputs_are_read_by_shape_and_dtype(form):
+    """The threshold unit's flip rate Phi(-a/sigma) whichever way f reports it: (B, C >= 2) -> argmax, (B, 1) or a
+    float (B,) -> score > 0, integer or bool (B,) -> labels. (Argmax of (B, 1) would give 0; floats read as labels,
+    1.)"""
+    N, T, k, a, sigma, reps = 400, 3, 1, 0.4, 0.8, 10
+    x = torch.randn(N, T, 1, generator=torch.Generator().manual_seed(0))
+    x[:, k, 0] = a
+    score = lambda xb: xb[:, k, 0] - 0.0  # noqa: E731
+    f = {"logits (B, 2)": lambda xb, i: torch.stack([torch.zeros(len(xb)), score(xb)], 1),
+         "score (B, 1)": lambda xb, i: score(xb)[:, None],
+         "score (B,)": lambda xb, i: score(xb),
+         "labels (B,) long": lambda xb, i: (score(xb) > 0).long(),
+         "labels (B,) bool": lambda xb, i: score(xb) > 0}[form]
+    s = sensitivity(f, x, gaussian(sigma), reps=reps, seed=3)
+    p = phi(-a / sigma)
+    assert abs(s.per_position[k].item() - p) < 4 * math.sqrt(p * (1 - p) / (N * reps))
+    assert s.per_position[0] == 0 and s.per_position[2] == 0
+
+
+def test_non_finite_values_raise_with_counts():
+    """NaN inputs, and f returning NaN/inf on clean inputs or on perturbed copies, are errors naming how many rows,
+    never a sensitivity of 0."""
+    x = torch.randn(10, 4, 2)
+    bad = x.clone()
+    bad[3, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite values in 1 of its 10 inputs"):
+        sensitivity(lambda xb, i: xb[:, 0], bad, gaussian(1))
+    nan_rows = lambda xb, i: torch.where((i < 2)[:, None], float("nan"), xb[:, 0])  # noqa: E731
+    with pytest.raises(ValueError, match="for 2 of the 10 clean inputs"):
+        sensitivity(nan_rows, x, gaussian(1))
+    x = torch.zeros(10, 4, 2)
+    blows_up = lambda xb, i: torch.where((xb.abs() > 0).any(-1).any(-1)[:, None], float("inf"), xb[:, 0])  # noqa
+    with pytest.raises(ValueError, match=r"0 of the 10 clean inputs and 40 perturbed copies"):
+        sensitivity(blows_up, x, gaussian(1), seed=0)
+
+
+def test_ranks_split_the_work_and_sum_to_the_single_process_counts():
+    """Chunk c runs on rank c mod W with noise seeded by (seed, c): the counts of W simulated ranks sum exactly to
+    one process's, for the exact and the sampled-position modes."""
+    x = torch.randn(37, 6, 2, generator=torch.Generator().manual_seed(0))
+    f = lambda xb, idx: (xb[:, :, 0].sum(1) > 0).long()  # noqa: E731
+    for kw in [dict(reps=3), dict(positions=2, reps=2)]:
+        flips, trials, n = sensitivity_counts(f, x, gaussian(0.7), batch_size=16, seed=5, **kw)
+        for world in [2, 3]:
+            parts = [sensitivity_counts(f, x, gaussian(0.7), batch_size=16, seed=5, rank=r, world=world, **kw)
+                     for r in range(world)]
+            assert all(p[0].sum() < flips.sum() for p in parts)  # each rank did only part of the work
+            assert torch.equal(sum(p[0] for p in parts), flips) and torch.equal(sum(p[1] for p in parts), trials)
+            assert all(p[2] == n for p in parts)
+        single = sensitivity(f, x, gaussian(0.7), batch_size=16, seed=5, **kw)
+        assert single.mean == summarise(flips, trials, n).mean
+    with pytest.raises(ValueError, match="rank"):
+        sensitivity_counts(f, x, gaussian(0.7), rank=2, world=2)
+
+
+def test_tell_position_passes_each_copys_position_sorted():
+    """With tell_position=True, f gets pos (None for the clean pass), equal to the one perturbed token, ascending
+    within each chunk."""
+    x = torch.zeros(20, 7, 1)
+
+    def f(xb, idx, pos):
+        if pos is not None:
+            assert torch.equal((xb[:, :, 0] != 0).float().argmax(1), pos)
+            assert torch.equal(pos, pos.sort().values)
+        return (xb[:, :, 0].sum(1) > 0).long()
+
+    for kw in [dict(), dict(positions=3)]:
+        s = sensitivity(f, x, gaussian(1.0), batch_size=9, seed=0, tell_position=True, **kw)
+        assert 0.3 < s.mean < 0.7
+
+
+def test_strict_json_and_no_replace(tmp_path):
+    """NaN and inf become null; the file is readable by strict parsers; replace=False never replaces a file."""
+    path = tmp_path / "m.json"
+    write_json(str(path), {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
+    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c)) == {"a": None, "b": [1.5, None],
+                                                                                     "c": {"d": None}}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(FileExistsError):
+        write_json(str(path), {"x": 1}, replace=False)
+    assert json.loads(path.read_text())["b"] == [1.5, None] and os.listdir(tmp_path) == ["m.json"]
+
+
+def test_divergence_rule(tmp_path, capsys):
+    """Non-finite, or over 100x the run's first loss (at least 1), is diverged: marked in metrics.json with its step,
+    a non-finite loss written as null; a finite loss below the limit is not."""
+    res = Results(str(tmp_path), "vision", {}, "cpu")
+    assert not res.diverged("a", 0, 0.7) and not res.diverged("a", 1, 99.0)
+    assert res.diverged("a", 2, 101.0)
+    assert not res.diverged("b", 0, 3.0) and not res.diverged("b", 5, 299.0) and res.diverged("b", 6, 301.0)
+    assert res.diverged("c", 0, float("nan"))
+    data = json.loads((tmp_path / "metrics.json").read_text())
+    assert data["runs"]["a"]["diverged"] == {"step": 2, "loss": 101.0}
+    assert data["runs"]["c"]["diverged"] == {"step": 0, "loss": None}
+    assert "c diverged at step 0" in capsys.readouterr().err
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    """cli(): a normal run returns; ValueError / FileNotFoundError -> 2, a diverged run -> 3, Ctrl-C -> 130, each
+    with one line on stderr and metrics.json marked interrupted."""
+    def main_of(body):
+        def main(args):
+            return body()
+        main.__module__ = __name__
+        return main
+
+    parse = lambda argv: None  # noqa: E731
+    assert cli(main_of(lambda: {"runs": {"x": {}}}), parse, []) is None
+    res = Results(str(tmp_path), "vision", {}, "cpu")
+
+    def interrupted():
+        with res.recording():
+            raise KeyboardInterrupt
+
+    for body, code, text in [(lambda: (_ for _ in ()).throw(ValueError("--n-sens 9 asks for more")), 2, "--n-sens"),
+                             (lambda: open(tmp_path / "none.txt"), 2, "No such file or directory"),
+                             (lambda: {"runs": {"vit/seed0": {"diverged": {"step": 3}}}}, 3, "vit/seed0"),
+                             (interrupted, 130, "interrupted")]:
+        with pytest.raises(SystemExit) as e:
+            cli(main_of(body), parse, [])
+        err = capsys.readouterr().err
+        assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
+    assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True

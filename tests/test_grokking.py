@@ -62,7 +62,7 @@ def test_phases():
 
 
 def test_end_to_end(tmp_path):
-    argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--d-model", "16", "--heads", "2", "--d-mlp", "32",
+    argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
             "--seeds", "0", "1", "--save-every", "4", "--out-dir", str(tmp_path), "--run-name", "t"]
     grokking.main(grokking.parse_args(argv))
     folder = tmp_path / "grokking" / "t"
@@ -78,6 +78,6 @@ def test_end_to_end(tmp_path):
 
 
 def test_bad_arguments():
-    for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--d-model", "30", "--heads", "4"], ["--p", "1"]]:
+    for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--dim", "30", "--heads", "4"], ["--p", "1"]]:
         with pytest.raises(SystemExit):
             grokking.parse_args(argv)

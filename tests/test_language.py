@@ -48,7 +48,7 @@ def test_pair_encoding_is_roberta_style_and_truncates():
 
 
 def test_trimming_padding_changes_nothing():
-    args = language.parse_args(["--width", "32", "--heads", "4", "--layers", "2", "--max-len", "16"])
+    args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2", "--max-len", "16"])
     tokens = torch.randint(4, 50, (3, 16))
     tokens[:, 9:] = language.PAD
     tokens[0, 7:] = language.PAD
@@ -62,7 +62,7 @@ def test_trimming_padding_changes_nothing():
                                        ("lstm", "softmax")])
 def test_models_ignore_padding(name, attn):
     """Logits of shape (B, 2), and changing the token at a padded position changes nothing."""
-    args = language.parse_args(["--width", "32", "--heads", "4", "--layers", "2", "--max-len", "16"])
+    args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2", "--max-len", "16"])
     torch.manual_seed(0)
     model = language.build_model(name, attn, 50, args).eval()
     tokens = torch.randint(4, 50, (3, 16))
@@ -126,17 +126,17 @@ def test_right_aligned_profile_counts_from_the_end():
 
 
 def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match=r"train.tsv.*--download"):
+    with pytest.raises(FileNotFoundError, match=r"train.tsv.*--download"):
         language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
     (tmp_path / "bad.tsv").write_text("a\tb\n1\t2\n")
-    with pytest.raises(SystemExit, match="not a GLUE MRPC file"):
+    with pytest.raises(ValueError, match="not a GLUE MRPC file"):
         language.read_tsv(str(tmp_path / "bad.tsv"), "mrpc")
 
     def offline(*a, **k):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(urllib.request, "urlretrieve", offline)
-    with pytest.raises(SystemExit, match="cannot download"):
+    with pytest.raises(FileNotFoundError, match="cannot download"):
         language.download("mrpc", str(tmp_path))
 
 
@@ -144,19 +144,19 @@ def test_end_to_end(tmp_path):
     write_mrpc(tmp_path / "MRPC", PAIRS * 5, "train.tsv")
     write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
     argv = ["--data-dir", str(tmp_path), "--model", "roberta", "gpt2", "lstm", "--attn", "softmax", "relu",
-            "--width", "16", "--heads", "2", "--layers", "1", "--max-len", "24", "--epochs", "1", "--batch-size", "5",
-            "--sens-every", "10", "--n-sens", "6", "--sens-valid", "--out-dir", str(tmp_path), "--run-name", "t"]
+            "--dim", "16", "--heads", "2", "--depth", "1", "--max-len", "24", "--epochs", "1", "--batch-size", "5",
+            "--eval-every", "2", "--n-sens", "4", "--sens-test", "--out-dir", str(tmp_path), "--run-name", "t"]
     language.main(language.parse_args(argv))
     folder = tmp_path / "language" / "t"
     data = json.loads((folder / "metrics.json").read_text())
     assert set(data["runs"]) == {"roberta-softmax/seed0", "roberta-relu/seed0", "gpt2-softmax/seed0",
                                  "gpt2-relu/seed0", "lstm/seed0"}
     run = data["runs"]["lstm/seed0"]
-    assert [h["examples"] for h in run["history"]] == [0, 10, 20]
-    for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_valid"]:
+    assert [h["step"] for h in run["history"]] == [0, 2, 4] and [h["examples"] for h in run["history"]] == [0, 10, 20]
+    for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_test"]:
         assert isinstance(run["final"][key], float)
     prof, pairs = run["final"]["sens_by_position"], run["final"]["pairs_by_position"]
     assert len(prof) == len(pairs) <= 24
-    assert pairs[-1] == 6 and pairs == sorted(pairs)  # right-aligned: every pair has a last token, few a first
+    assert pairs[-1] == 4 and pairs == sorted(pairs)  # right-aligned: every pair has a last token, few a first
     assert all((p != p) == (n == 0) for p, n in zip(prof, pairs))  # NaN exactly where no measured pair reaches
     assert (folder / "sensitivity.png").exists() and (folder / "sensitivity_by_position.png").exists()

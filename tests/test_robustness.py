@@ -87,7 +87,7 @@ def test_reader_of_the_official_release(tmp_path):
     assert torch.equal(images, torch.from_numpy(x[8:12].astype(np.uint8)).permute(0, 3, 1, 2))
     assert labels.tolist() == [8, 9, 0, 1]
     assert R.read_release(str(tmp_path), "fog", 5, n=2)[0].shape[0] == 2
-    with pytest.raises(SystemExit, match="zenodo"):
+    with pytest.raises(FileNotFoundError, match="zenodo"):
         R.read_release(str(tmp_path), "snow", 1)
 
 

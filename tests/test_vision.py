@@ -40,7 +40,7 @@ class OnePatch(nn.Module):
 def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
     """Only patch k can flip it: per-patch map nonzero at k alone, and the mean is map[k] / T."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise"], None, 3, 0, False)
+    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise"], None, 3, 0)
     s = sens["tokenwise:1"]
     assert s.per_position[5] > 0.2
     assert torch.equal(torch.cat([s.per_position[:5], s.per_position[6:]]), torch.zeros(15))
@@ -50,7 +50,7 @@ def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
 def test_global_noise_reaches_every_patch():
     """App. A.2: one global perturbation moves every patch, so the one-patch model flips more often per copy."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise", "global"], 1.0, 3, 0, False)
+    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise", "global"], 1.0, 3, 0)
     assert sens["global"].evaluations == 600 and sens["global"].mean > 4 * sens["tokenwise:1"].mean
 
 
@@ -78,7 +78,7 @@ def test_offline_missing_dataset_is_a_clear_error(tmp_path, monkeypatch):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(SystemExit, match=r"FashionMNIST/raw.*--data-dir"):
+    with pytest.raises(FileNotFoundError, match=r"FashionMNIST/raw.*--data-dir"):
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
 
 
@@ -98,7 +98,7 @@ def test_learning_rates_per_model():
 
 def test_end_to_end_on_fake_data(tmp_path):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures."""
-    argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--sens-every", "1", "--n-train", "100",
+    argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--noise", "tokenwise", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
     vision.main(vision.parse_args(argv))

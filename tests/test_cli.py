@@ -1,0 +1,268 @@
+"""Every script's front door, run as a user runs it (through common.cli): bad input is one line on stderr and exit
+code 2, a diverged run exit code 3 with its metrics.json kept and marked, Ctrl-C exit code 130 with the metrics so far,
+corrupt data files named with their problem, and one vocabulary of flags."""
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+import bench
+import grokking
+import language
+import parity
+import robustness
+import synthetic
+import vision
+from common import cli
+
+SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
+           "grokking": grokking, "parity": parity, "bench": bench}
+VIT = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16", "--mlp-hidden", "16"]
+PAIRS = [("the cat sat on the mat", "a cat sat on a mat", 1), ("stocks fell today", "it was sunny", 0),
+         ("he said it works", "it works he said", 1), ("nothing matches here", "something else", 0)]
+
+
+def write_mrpc(folder, pairs=PAIRS * 4):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in [("train.tsv", pairs), ("dev.tsv", pairs[:8])]:
+        lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] + [f"{y}\t{i}\t{i + 1}\t{a}\t{b}"
+                                                                   for i, (a, b, y) in enumerate(rows)]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def run(script, argv, capsys):
+    """(exit code, stderr) of `python <script>.py argv`; asserts that stderr holds no traceback."""
+    module = SCRIPTS[script]
+    with pytest.raises(SystemExit) as e:
+        cli(module.main, module.parse_args, argv)
+        raise SystemExit(0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return e.value.code, err
+
+
+# -----------------------------------------------------------------------------
+# bad input: one line naming the flag or the file, exit code 2
+
+BAD = [
+    ("vision", ["--model", "vgg"], "unknown model 'vgg'"),
+    ("vision", ["--sigma", "nan"], "--sigma must be a finite number >= 0"),
+    ("vision", ["--sigma", "inf"], "--sigma must be a finite number >= 0"),
+    ("vision", ["--sigma", "-0.1"], "--sigma"),
+    ("vision", ["--seeds", "-1"], "--seeds must be a finite number >= 0"),
+    ("vision", ["--n-train", "0"], "--n-train must be >= 1"),
+    ("vision", ["--n-train", "-5"], "--n-train must be >= 1"),
+    ("vision", ["--n-test", "0"], "--n-test must be >= 1"),
+    ("vision", ["--dataset", "fake28", "--n-train", "5000", "--epochs", "1"], "--n-train 5000 asks for more than"),
+    ("vision", ["--dataset", "fake28", "--n-test", "500", "--epochs", "1"], "--n-test 500 asks for more than the 200"),
+    ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "60", "--epochs", "1"], "--n-sens 60"),
+    ("vision", ["--device", "cuda:7" if torch.cuda.is_available() else "cuda", "--dataset", "fake28"], "--device"),
+    ("vision", ["--device", "tpu"], "--device"),
+    ("vision", ["--plot", "/no/such/run"], "--plot /no/such/run"),
+    ("vision", ["--lr", "inf"], "--lr inf"),
+    ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
+    ("vision", ["--activation", "sigmoid"], "unrecognized arguments: --activation"),
+    ("vision", ["--split-seed", "1"], "unrecognized arguments: --split-seed"),
+    ("vision", ["--patch", "4"], "unrecognized arguments: --patch"),
+    ("robustness", ["--pretrained", "vit_l_16"], "unrecognized arguments: --pretrained"),
+    ("robustness", ["--imagenet-dir", "x"], "unrecognized arguments: --imagenet-dir"),
+    ("robustness", ["--random-weights"], "unrecognized arguments: --random-weights"),
+    ("robustness", ["--cifar10c-dir", "/missing"], "--cifar10c-dir /missing: no such folder"),
+    ("robustness", ["--corruptions", "rain"], "unknown corruption 'rain'"),
+    ("robustness", ["--severities", "6"], "--severities are 1..5"),
+    ("robustness", ["--dataset", "fake28", "--n-corrupt", "300", "--epochs", "1"], "--n-corrupt 300"),
+    ("language", ["--n-train", "-3600"], "--n-train must be >= 1"),
+    ("language", ["--sigma", "nan"], "--sigma"),
+    ("language", ["--layers", "2"], "unrecognized arguments: --layers"),
+    ("language", ["--positions", "2"], "unrecognized arguments: --positions"),
+    ("synthetic", ["--seeds", "-1"], "--seeds"),
+    ("synthetic", ["--d-head", "4"], "unrecognized arguments: --d-head"),
+    ("synthetic", ["--n-sens", "10", "--n-train", "5"], "--n-sens 10 asks for more than"),
+    ("grokking", ["--d-model", "64"], "unrecognized arguments: --d-model"),
+    ("grokking", ["--lr", "-1"], "--lr"),
+    ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
+    ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
+    ("bench", ["--rounds", "0"], "--rounds must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("script,argv,message", BAD, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tmp_path):
+    code, err = run(script, argv + ["--out-dir", str(tmp_path)] * (script != "bench"), capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_language_sizes_and_files(tmp_path, capsys):
+    """Language sizes are checked against the pairs there are; a truncated row and a label of 2 name file and line."""
+    data = write_mrpc(tmp_path / "glue" / "MRPC")
+    base = ["--data-dir", str(tmp_path / "glue"), "--out-dir", str(tmp_path), "--epochs", "1"]
+    for argv, message in [(["--n-train", "100"], "--n-train 100 asks for more than the 16 MRPC training pairs"),
+                          (["--n-test", "9"], "--n-test 9 asks for more than the 8 MRPC validation pairs"),
+                          (["--n-sens", "17"], "--n-sens 17"),
+                          (["--sens-test", "--n-sens", "9"], "--n-sens 9 asks for more than the 8 test pairs")]:
+        code, err = run("language", base + argv, capsys)
+        assert code == 2 and message in err, err
+    text = (data / "train.tsv").read_text()
+    (data / "train.tsv").write_text(text[: text.rindex("\t")])  # cut inside the last row
+    code, err = run("language", base, capsys)
+    assert code == 2 and "train.tsv line 17 has 4 fields" in err, err
+    (data / "train.tsv").write_text(text.replace("\n1\t", "\n2\t", 1))
+    code, err = run("language", base, capsys)
+    assert code == 2 and "line 2: label '2' is not 0 or 1" in err, err
+    code, err = run("language", ["--data-dir", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path)], capsys)
+    assert code == 2 and "train.tsv not found" in err and "--download" in err
+
+
+def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkeypatch):
+    """A present but damaged Fashion-MNIST file gets its own message naming it; a missing one says where to put it."""
+    import urllib.error
+    import urllib.request
+
+    def offline(*a, **k):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(FileNotFoundError, match="put FashionMNIST/raw"):
+        vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
+    raw = tmp_path / "FashionMNIST" / "raw"  # made by the failed download above
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b truncated")
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz is present but unreadable: its MD5"):
+        vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
+    (raw / "train-images-idx3-ubyte.gz").unlink()
+    (raw / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 9, 0, 0, 0, 28, 0, 0, 0, 28, 7]))
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte is present but unreadable: not a complete IDX"):
+        vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
+
+
+# -----------------------------------------------------------------------------
+# divergence: exit code 3, one line naming the run, metrics.json kept with "diverged"
+
+DIVERGE = {
+    "synthetic": ["--lr", "1e6", "--steps", "40", "--eval-every", "20", "--seeds", "0", "--case", "sparse-lower",
+                  "--n-train", "200", "--n-test", "50", "--n-sens", "20"],
+    "vision": ["--lr", "1e6", "--dataset", "fake28", "--model", "vit", "--epochs", "1", "--n-train", "100",
+               "--n-test", "20", "--n-sens", "5"] + VIT,
+    "robustness": ["--lr", "1e6", "--dataset", "fake28", "--model", "vit", "--epochs", "1", "--n-train", "100",
+                   "--n-test", "20", "--n-sens", "5", "--corruptions", "fog", "--n-corrupt", "10", "--n-sharp", "10"]
+    + VIT,
+    "grokking": ["--lr", "1e6", "--p", "11", "--epochs", "6", "--eval-every", "3", "--dim", "16", "--heads", "2",
+                 "--mlp-dim", "16"],
+    "parity": ["--lr", "1e6", "--n", "8", "--k", "2", "--steps", "6", "--eval-every", "3", "--n-train", "200",
+               "--n-test", "50", "--n-sens", "20", "--dim", "16"],
+    "language": ["--lr", "1e6", "--model", "lstm", "--dim", "16", "--depth", "1", "--epochs", "2", "--eval-every",
+                 "2", "--n-sens", "4"],
+}
+
+
+@pytest.mark.parametrize("script", list(DIVERGE))
+def test_a_diverged_run_exits_3_and_keeps_its_metrics(script, tmp_path, capsys):
+    """--lr 1e6 destroys the model: no sensitivity is reported for it; exit 3; metrics.json marks the run."""
+    argv = DIVERGE[script] + ["--out-dir", str(tmp_path), "--run-name", "d"]
+    if script == "language":  # the LSTM's loss stays finite (bounded gates) but passes 100x its initial value
+        argv += ["--data-dir", str(write_mrpc(tmp_path / "glue" / "MRPC").parent)]
+    code, err = run(script, argv, capsys)
+    assert code == 3
+    lines = err.strip().splitlines()
+    assert any("diverged at" in line and "no sensitivity" in line for line in lines), err
+    data = json.loads((tmp_path / script / "d" / "metrics.json").read_text())
+    (run_name, r), = [(k, v) for k, v in data["runs"].items() if "diverged" in v]
+    assert r["diverged"]["step"] >= 1 and (r["diverged"]["loss"] is None or r["diverged"]["loss"] > 1)
+    assert "sens" not in r["final"]
+    assert all(h.get("sens") is not None for h in r["history"])  # rows before the divergence were finite
+
+
+# -----------------------------------------------------------------------------
+# Ctrl-C: exit code 130, the metrics so far, "interrupted": true
+
+
+def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
+    real = vision.train_epoch
+    calls = []
+
+    def interrupted_on_third_epoch(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(vision, "train_epoch", interrupted_on_third_epoch)
+    argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "10", "--eval-every", "1", "--n-train", "100",
+            "--n-test", "20", "--n-sens", "5", "--mlp-hidden", "16", "--out-dir", str(tmp_path), "--run-name", "c"]
+    code, err = run("vision", argv, capsys)
+    assert code == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err
+    path = tmp_path / "vision" / "c" / "metrics.json"
+    data = json.loads(path.read_text())
+    assert data["interrupted"] is True
+    assert [h["epoch"] for h in data["runs"]["mlp/seed0"]["history"]] == [0, 1, 2]
+
+
+def test_metrics_json_is_strict_and_world_readable(tmp_path):
+    """One seed's stderr is NaN: written as null, never as a bare NaN; the file has the figures' permissions."""
+    argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "1", "--n-train", "50", "--n-test", "20",
+            "--n-sens", "1", "--mlp-hidden", "8", "--out-dir", str(tmp_path), "--run-name", "s"]
+    vision.main(vision.parse_args(argv))
+    folder = tmp_path / "vision" / "s"
+    text = (folder / "metrics.json").read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert data["runs"]["mlp/seed0"]["final"]["sens_stderr"] is None  # one image: no standard error
+    mode = stat.S_IMODE(os.stat(folder / "metrics.json").st_mode)
+    assert mode == stat.S_IMODE(os.stat(folder / "sensitivity.png").st_mode)
+
+
+# -----------------------------------------------------------------------------
+# robustness.py's parser is vision.py's plus its own flags; bench.py never replaces its output
+
+
+def help_flags(module, capsys):
+    """The --flags a script's --help shows."""
+    with pytest.raises(SystemExit):
+        module.parse_args(["--help"])
+    return {w.rstrip(",") for line in capsys.readouterr().out.splitlines() for w in line.split() if w.startswith("--")}
+
+
+def test_robustness_help_lists_every_flag_it_accepts(capsys):
+    """--help shows vision.py's shared flags and robustness.py's own, and none of vision's --pretrained group; every
+    flag shown is accepted."""
+    shown = help_flags(robustness, capsys)
+    shared = {s for a in vision.base_parser()._actions for s in a.option_strings}
+    assert shared < shown and {"--variants", "--cifar10c-dir", "--sharp-std", "--n-test", "--help"} <= shown
+    assert not shown & {"--pretrained", "--imagenet-dir", "--random-weights"}
+    accepted = {s for a in vision.base_parser()._actions for s in a.option_strings} | {"--help"}
+    own = shown - accepted
+    for flag in own:  # each of its own flags parses (with a value where it takes one)
+        argv = {"--from-vision": None, "--cifar10c-dir": None, "--plot": None}.get(flag, [flag])
+        if argv is None:
+            continue
+        try:
+            robustness.parse_args(argv)
+        except SystemExit as e:
+            assert "unrecognized" not in str(e) and e.code == 2 or e.code == 0, flag
+
+
+def test_one_vocabulary_across_scripts(capsys):
+    """The same knob has the same flag everywhere it exists, and the old names are gone."""
+    seen = {name: help_flags(module, capsys) for name, module in SCRIPTS.items()}
+    old = {"--layers", "--width", "--d-model", "--d-mlp", "--d-head", "--split-seed", "--n-valid", "--positions",
+           "--sens-every", "--seed", "--patch", "--activation", "--sens-valid"}
+    for name, names in seen.items():
+        assert not names & old, (name, names & old)
+    for name in ["synthetic", "vision", "language", "robustness", "grokking", "parity"]:
+        assert {"--seeds", "--eval-every", "--threads", "--device", "--out-dir", "--plot"} <= seen[name], name
+    for name in ["vision", "language", "parity"]:
+        assert {"--depth", "--heads", "--dim", "--dim-head", "--mlp-dim"} <= seen[name], name
+    assert {"--dim", "--heads", "--mlp-dim"} <= seen["grokking"]
+    assert {"--n-train", "--n-test", "--n-sens", "--sens-positions"} <= seen["vision"] & seen["language"]
+    assert "--data-seed" in seen["vision"] & seen["synthetic"] & seen["grokking"] & seen["parity"]
+
+
+def test_bench_checks_its_output_before_running(tmp_path, capsys):
+    (tmp_path / "taken.json").write_text("{}")
+    code, err = run("bench", ["--out", str(tmp_path / "taken.json")], capsys)
+    assert code == 2 and "never replaces" in err
+    code, err = run("bench", ["--out", str(tmp_path / "taken.json" / "b.json")], capsys)  # a file as the folder
+    assert code == 2 and "cannot write" in err
