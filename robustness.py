@@ -435,7 +435,7 @@ def evaluate_model(model, args, data, gen, device):
     final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"])
     final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"])
     sens = vision.measure_sensitivity(model, vision.normalize(data["train_x"][: args.n_sens]), args.sens_patch,
-                                      args.sigma[:1], ["tokenwise"], None, args.reps, 0, args.sens_positions)
+                                      args.sigma[:1], ["patch"], args.sens_seed, args.reps, args.sens_positions)
     sens = next(iter(sens.values()))
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     acc = {}

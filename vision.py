@@ -20,8 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, patchify, plot_curves, pyplot,
-                    save_figure, seed_all, sensitivity, setup, start_run, subset_size, unpatchify)
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, new_run_dir, not_finite, patchify,
+                    plot_curves, predict, pyplot, save_figure, seed_all, sensitivity, setup, start_run, subset_size,
+                    summarise, unpatchify, write_json)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -38,6 +39,7 @@ DATASETS = {
 LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "densenet121": 0.005, "mlp": 0.1,
       "mlp-sigmoid": 0.5, "cnn": 0.005}
 LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
+SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep: noise stds from far below to far above the pixel range
 
 
 def base_parser():
@@ -52,10 +54,14 @@ def base_parser():
     p.add_argument("--mlp-dim", type=int, default=512, help="hidden width of the transformer MLP [author code]")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout of ViT-small [author code: 0.1]")
     p.add_argument("--patch-size", type=int, default=None,
-                   help="ViT/ConvMixer patch size; default 4 (32x32), 7 (28x28)")
+                   help="ViT/ConvMixer patch size; default 4 (CIFAR-10 [author code], and the paper's one size for the "
+                   "other sets, so Fashion-MNIST too), 7 for MNIST 0 vs 1 (our choice)")
     p.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch "
                    "(both reference ViTs have it; it turns any noise on a blank patch into a full-size token change)")
-    p.add_argument("--mlp-hidden", type=int, nargs="+", default=[512, 512], help="hidden widths of the MLPs")
+    p.add_argument("--mlp-hidden", type=int, nargs="+", default=[512, 128],
+                   help="hidden widths of the MLPs [author code: 784-512-128-10]")
+    p.add_argument("--spt-shift", type=str, default="1", choices=["1", "half"], help="ViT-small's shifted patches: "
+                   "one pixel in four directions [author code], or half a patch diagonally [Lee et al.]")
     # data
     p.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS))
     p.add_argument("--data-dir", type=str, default="data", help="where the dataset files are (or are downloaded to)")
@@ -73,22 +79,29 @@ def base_parser():
     p.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],
                    help="lr schedule: constant, step (x0.5 every 8 epochs, the authors'), cosine to 0")
     p.add_argument("--epochs", type=int, default=50, help="training epochs [author code: 50]")
+    p.add_argument("--steps", type=int, default=None, help="train for this many SGD steps instead of --epochs (the "
+                   "last epoch may be partial): the same number of updates whatever --n-train")
     p.add_argument("--batch-size", type=int, default=100, help="images per step (paper: 100, MNIST 50)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation/order seeds")
     # sensitivity
-    p.add_argument("--sigma", type=float, nargs="+", default=[0.1], help="noise std(s) on normalised pixels; the "
-                   "first is the headline, all are measured on the same model (Fig. 17)")
-    p.add_argument("--noise", nargs="+", default=["tokenwise"], choices=["tokenwise", "global"],
-                   help="tokenwise: one patch at a time (Def. 4.1); global: the whole image at once (App. A.2)")
-    p.add_argument("--sigma-global", type=float, default=None,
-                   help="std of --noise global; default sigma/sqrt(T): the noise energy of one patch perturbation")
-    p.add_argument("--sens-patch", type=int, default=None, help="patch grid of the sensitivity; default 4 / 7")
+    p.add_argument("--sigma", type=float, nargs="+", default=[0.1], help="noise std(s) on normalised pixels measured "
+                   "during training; the first is the headline [author code: 0.1]")
+    p.add_argument("--sweep", action="store_true", help=f"also measure every final model at sigma in {SWEEP} (Fig. 17)")
+    p.add_argument("--mask", nargs="+", default=["patch"], choices=["patch", "scattered", "global"],
+                   help="patch: N(0, sigma^2) on one patch of the grid at a time (Def. 4.1); scattered: on p^2 random "
+                   "pixels shared by a batch of 100 (the authors' released estimator, not the paper's definition); "
+                   "global: on the whole image at once with std sigma/sqrt(T), the same energy (App. A.2)")
+    p.add_argument("--sens-patch", type=int, default=None, help="patch grid of the sensitivity; default: --patch-size")
+    p.add_argument("--sens-seed", type=int, default=0, help="seed of the noise: every model and --seeds sees the same "
+                   "perturbations of the same images, so differences between models are paired")
     p.add_argument("--reps", type=int, default=1, help="noise draws per (image, patch)")
     p.add_argument("--sens-positions", type=int, default=None,
                    help="sample this many patches per image and draw instead of every patch (large images)")
     p.add_argument("--n-sens", type=int, default=500, help="training images the sensitivity is measured on")
     p.add_argument("--eval-every", type=int, default=5, help="epochs between evaluations (and at the end) "
                    "[author code: 5]")
+    p.add_argument("--match-acc", type=float, nargs="+", default=[], help="read each run's sensitivity where its "
+                   "train accuracy first crosses these levels (interpolated between evaluations; App. A.1)")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
@@ -98,7 +111,8 @@ def base_parser():
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: <dataset>-<models>")
     p.add_argument("--save-model", action="store_true", help="save each final model to <run>/<model>-seed<k>.pt")
-    p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
+    p.add_argument("--plot", type=str, nargs="+", default=None, help="only redraw the figures of this run folder; "
+                   "several folders (seeds run apart, or --n-train sizes) are combined into a new one")
     return p
 
 
@@ -107,11 +121,13 @@ def check_arguments(p, args):
     bad = [m for m in args.model if m not in MODELS]
     if bad:
         p.error(f"unknown model {bad[0]!r}; choose from {', '.join(MODELS)}")
-    check_args(p, args, positive=["epochs", "batch_size", "reps", "n_sens", "eval_every", "depth", "heads", "dim",
-                                  "dim_head", "mlp_dim", "mlp_hidden", "n_train", "n_test", "sens_positions",
+    check_args(p, args, positive=["epochs", "steps", "batch_size", "reps", "n_sens", "eval_every", "depth", "heads",
+                                  "dim", "dim_head", "mlp_dim", "mlp_hidden", "n_train", "n_test", "sens_positions",
                                   "patch_size", "sens_patch"],
-               nonnegative=["sigma", "sigma_global", "momentum", "weight_decay", "dropout", "seeds", "data_seed",
+               nonnegative=["sigma", "momentum", "weight_decay", "dropout", "seeds", "data_seed", "sens_seed",
                             "threads"])
+    if any(not 0 < a <= 1 for a in args.match_acc):
+        p.error(f"--match-acc levels are train accuracies in (0, 1], got {args.match_acc}")
     if args.dropout >= 1:
         p.error(f"--dropout must be in [0, 1), got {args.dropout}")
     try:
@@ -119,16 +135,16 @@ def check_arguments(p, args):
     except ValueError as e:
         p.error(str(e))
     channels, size, _, _ = DATASETS[args.dataset]
-    default_patch = 4 if size == 32 else 7
-    args.patch_size = args.patch_size or default_patch
-    args.sens_patch = args.sens_patch or default_patch
+    args.patch_size = args.patch_size or (7 if args.dataset == "mnist01" else 4)
+    args.sens_patch = args.sens_patch or args.patch_size
     for name in ["patch_size", "sens_patch"]:
         if size % getattr(args, name):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)} does not divide the {size}x{size} images")
     if args.amp and not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
         p.error("--amp (bf16 autocast) needs a CUDA device")
-    if args.plot and not os.path.exists(args.plot):
-        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
+    for folder in args.plot or []:
+        if not os.path.exists(folder):
+            p.error(f"--plot {folder}: no such run folder or metrics.json")
 
 
 def parse_args(argv=None):
@@ -309,19 +325,23 @@ class Transformer(nn.Module):
 
 
 class ShiftedPatchTokenization(nn.Module):
-    """SPT (Lee et al. 2021): the image and its four diagonal half-patch shifts, stacked on the channels, cut into
-    patches, layer-normalised (patch_norm=False: not) and projected: each token sees a little beyond its own patch."""
+    """SPT (Lee et al. 2021): the image and four shifted copies, stacked on the channels, cut into patches,
+    layer-normalised (patch_norm=False: not) and projected, so each token sees a little beyond its own patch.
+    shift='1': one pixel left, right, up and down (the authors' vit_small.py, from vit-pytorch); shift='half': half a
+    patch along the four diagonals (Lee et al.'s paper)."""
 
-    def __init__(self, channels, patch, dim, patch_norm=True):
+    def __init__(self, channels, patch, dim, patch_norm=True, shift="1"):
         super().__init__()
         self.patch = patch
+        s = patch // 2 if shift == "half" else 1
+        # F.pad amounts (left, right, top, bottom); a negative amount crops, so each pad moves the image
+        self.shifts = ([(s, -s, s, -s), (-s, s, s, -s), (s, -s, -s, s), (-s, s, -s, s)] if shift == "half"
+                       else [(s, -s, 0, 0), (-s, s, 0, 0), (0, 0, s, -s), (0, 0, -s, s)])
         self.norm = nn.LayerNorm(5 * channels * patch * patch) if patch_norm else nn.Identity()
         self.proj = nn.Linear(5 * channels * patch * patch, dim)
 
     def forward(self, img):
-        s = self.patch // 2
-        shifts = [(s, -s, s, -s), (-s, s, s, -s), (s, -s, -s, s), (-s, s, -s, s)]  # (left, right, top, bottom) pad
-        x = torch.cat([img] + [F.pad(img, pad) for pad in shifts], dim=1)  # (B, 5C, H, W)
+        x = torch.cat([img] + [F.pad(img, pad) for pad in self.shifts], dim=1)  # (B, 5C, H, W)
         return self.proj(self.norm(patchify(x, self.patch)))  # (B, T, dim)
 
 
@@ -329,9 +349,9 @@ class ViT(nn.Module):
     """ViT-small of Lee et al. (2021): SPT tokens, a class token, learned positions, LSA blocks, head on the class."""
 
     def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, dropout,
-                 patch_norm=True):
+                 patch_norm=True, spt_shift="1"):
         super().__init__()
-        self.tokens = ShiftedPatchTokenization(channels, patch, dim, patch_norm)
+        self.tokens = ShiftedPatchTokenization(channels, patch, dim, patch_norm, spt_shift)
         self.cls = nn.Parameter(torch.randn(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))
         self.drop = nn.Dropout(dropout)
@@ -469,13 +489,14 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """The small Fashion-MNIST CNN: two 3x3 convs (32 channels), a 2x2 max-pool, a 128-unit layer."""
+    """The small Fashion-MNIST CNN: two 3x3 convs (32 channels), a 2x2 max-pool, a 128-unit layer, LeakyReLU after
+    each (the paper's text; the authors' ConvNeuralNet has none after the second conv)."""
 
     def __init__(self, *, channels, size, classes):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
-                                 nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * (size // 2) ** 2, 128),
-                                 nn.ReLU(), nn.Linear(128, classes))
+        self.net = nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.LeakyReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                                 nn.LeakyReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * (size // 2) ** 2, 128),
+                                 nn.LeakyReLU(), nn.Linear(128, classes))
 
     def forward(self, x):
         return self.net(x)
@@ -485,7 +506,7 @@ def build_model(name, args, channels, size, classes):
     vit_kw = dict(image=size, channels=channels, patch=args.patch_size, classes=classes, dim=args.dim, depth=args.depth,
                   heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm)
     if name == "vit":
-        return ViT(**vit_kw, dropout=args.dropout)
+        return ViT(**vit_kw, dropout=args.dropout, spt_shift=args.spt_shift)
     elif name == "vit-simple":
         return SimpleViT(**vit_kw)
     elif name == "resnet18":
@@ -542,10 +563,10 @@ def evaluate(model, x, y):
     return loss / len(x), correct / len(x)
 
 
-def measure_sensitivity(model, images, patch, sigmas, noise, sigma_global, reps, seed, positions=None):
-    """Token-wise sensitivity at each sigma (noise on one patch at a time) and, with 'global' in noise, the App. A.2
-    variant (noise on the whole image), in float32. images: normalised (N, C, H, W). The noise is drawn from `seed`
-    alone, so models measured with the same seed see the same perturbations. Returns {key: Sensitivity}."""
+def measure_sensitivity(model, images, patch, sigmas, masks, seed, reps=1, positions=None):
+    """{f"{mask}:{sigma:g}": Sensitivity} of the model on normalised images (N, C, H, W), in float32, for each mask
+    (see --mask) and sigma. The noise depends on `seed` alone, so models measured with the same seed see identical
+    perturbations of the same images (paired comparisons)."""
     model.eval()
     shape = images.shape[1:]
 
@@ -557,13 +578,123 @@ def measure_sensitivity(model, images, patch, sigmas, noise, sigma_global, reps,
 
     out = {}
     tokens = patchify(images, patch)
-    if "tokenwise" in noise:
-        for sigma in sigmas:
-            out[f"tokenwise:{sigma:g}"] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions,
-                                                      seed=seed)
-    if "global" in noise:
-        std = sigma_global if sigma_global is not None else sigmas[0] / math.sqrt(tokens.shape[1])
-        out["global"] = sensitivity(g, images.flatten(1)[:, None], gaussian(std), reps=reps, seed=seed)
+    T = tokens.shape[1]
+    for sigma in sigmas:
+        if "patch" in masks:
+            out[f"patch:{sigma:g}"] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions, seed=seed)
+        if "scattered" in masks:
+            out[f"scattered:{sigma:g}"] = scattered_sensitivity(model, images, patch, sigma, T * reps, seed)
+        if "global" in masks:
+            out[f"global:{sigma:g}"] = sensitivity(g, images.flatten(1)[:, None], gaussian(sigma / math.sqrt(T)),
+                                                   reps=reps, seed=seed)
+    return out
+
+
+def scattered_copies(images, p, sigma, draws, generator):
+    """`draws` noisy copies of a batch, draw-major: copy d * B + b is image b with N(0, sigma^2) noise on every
+    channel of the pixels of mask d, shared by the batch, which p^2 (row, column) pairs drawn with replacement
+    switch on (the authors' mask; a repeated pair makes it fewer pixels). Returns (copies, masks (draws, H, W))."""
+    B, C, H, W = images.shape
+    rows = torch.randint(H, (draws, p * p), generator=generator, device=images.device)
+    cols = torch.randint(W, (draws, p * p), generator=generator, device=images.device)
+    masks = torch.zeros(draws, H * W, dtype=torch.bool, device=images.device)
+    masks.scatter_(1, rows * W + cols, True)
+    masks = masks.view(draws, 1, 1, H, W)
+    noise = sigma * torch.randn((draws, B, C, H, W), generator=generator, device=images.device)
+    return (images + noise * masks).view(draws * B, C, H, W), masks.view(draws, H, W)
+
+
+@torch.no_grad()
+def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100):
+    """The estimator of the authors' released code, for comparison (not the paper's definition): per batch of 100
+    images, `draws` masks of p^2 scattered pixels, each shared by the batch. Same number of evaluations as the patch
+    mask when draws = T * reps. Returns a Sensitivity (per_position: the one overall rate)."""
+    gen = torch.Generator(images.device).manual_seed(seed)
+    per_call = max(1, 2048 // batch)  # draws per forward pass
+    flips = torch.zeros(len(images), dtype=torch.long, device=images.device)
+    for i in range(0, len(images), batch):
+        xb = images[i:i + batch]
+        clean = predict(model(xb), len(xb))
+        for d in range(0, draws, per_call):
+            n = min(per_call, draws - d)
+            out = model(scattered_copies(xb, p, sigma, n, gen)[0]).float()
+            if not_finite(out):
+                raise ValueError("the model returned non-finite outputs on perturbed copies")
+            flips[i:i + batch] += (predict(out, n * len(xb)).view(n, len(xb)) != clean).sum(0)
+    return summarise(flips[:, None], torch.full_like(flips[:, None], draws), len(images) * draws)
+
+
+# -----------------------------------------------------------------------------
+# summaries across runs: paired differences, crossover sigmas, sensitivity at matched train accuracy
+
+
+def model_of(run):
+    return run.split("/")[0]
+
+
+def paired_differences(runs):
+    """For every model against the reference (the first ViT, else the first model): at each key measured at the end
+    ("patch:0.1", ...), per seed the mean over images of (model - reference) with its standard error over images
+    (the same images and noise, so the difference is paired), and over seeds their mean and standard error. Also the
+    crossover sigmas where the seed-mean curves of the two models cross (log-interpolated)."""
+    finals = {run: r["final"] for run, r in runs.items() if r["final"].get("per_image")}
+    models = list(dict.fromkeys(model_of(run) for run in finals))
+    if len(models) < 2:
+        return {}
+    ref = next((m for m in models if m.startswith("vit")), models[0])
+    out = {"reference": ref, "models": {}}
+    for m in models:
+        if m == ref:
+            continue
+        res = {}
+        for key in finals[next(r for r in finals if model_of(r) == m)]["per_image"]:
+            per_seed = {}
+            for run, f in finals.items():
+                other = run.replace(m, ref, 1)
+                if model_of(run) == m and other in finals and key in finals[other]["per_image"]:
+                    d = torch.tensor(f["per_image"][key]) - torch.tensor(finals[other]["per_image"][key])
+                    per_seed[run.split("/")[-1]] = [d.mean().item(), (d.std() / math.sqrt(len(d))).item()]
+            if per_seed:
+                means = torch.tensor([v[0] for v in per_seed.values()])
+                se = (means.std() / math.sqrt(len(means))).item() if len(means) > 1 else math.nan
+                res[key] = {"mean": means.mean().item(), "stderr": se, "seeds": len(means), "per_seed": per_seed}
+        out["models"][m] = {"diff": res, "crossover": crossovers(finals, m, ref)}
+    return out
+
+
+def crossovers(finals, model, ref):
+    """{mask: [sigma, ...]} where the seed-mean sensitivity of `model` and `ref` are level, interpolated on log
+    sigma between the measured sigmas; [] when one stays above the other."""
+    def curve(name, mask):
+        rows = [{float(k.split(":")[1]): v["sens"] for k, v in f["sens_at"].items() if k.startswith(mask + ":")}
+                for run, f in finals.items() if model_of(run) == name]
+        sigmas = sorted(set.intersection(*(set(r) for r in rows))) if rows else []
+        return {s: sum(r[s] for r in rows) / len(rows) for s in sigmas}
+
+    out = {}
+    for mask in {k.split(":")[0] for f in finals.values() for k in f["sens_at"]}:
+        a, b = curve(model, mask), curve(ref, mask)
+        sigmas = [s for s in a if s in b]
+        d = [a[s] - b[s] for s in sigmas]
+        out[mask] = [math.exp(math.log(s0) + d0 / (d0 - d1) * (math.log(s1) - math.log(s0)))
+                     for s0, s1, d0, d1 in zip(sigmas, sigmas[1:], d, d[1:]) if d0 * d1 < 0 or (d1 == 0 != d0)]
+    return out
+
+
+def at_train_accuracy(history, levels, keys):
+    """{level: {"epoch": e, key: sensitivity}} where train accuracy first reaches each level, linearly interpolated
+    between the two evaluations around the crossing (the first evaluation if it already starts above); None for a
+    level never reached."""
+    out = {}
+    for level in levels:
+        i = next((i for i, h in enumerate(history) if h["train_acc"] >= level), None)
+        if i is None:
+            out[f"{level:g}"] = None
+            continue
+        lo, hi = history[max(i - 1, 0)], history[i]
+        w = 1.0 if i == 0 or hi["train_acc"] == lo["train_acc"] else \
+            (level - lo["train_acc"]) / (hi["train_acc"] - lo["train_acc"])
+        out[f"{level:g}"] = {k: lo[k] + w * (hi[k] - lo[k]) for k in ["epoch"] + keys}
     return out
 
 
@@ -584,14 +715,15 @@ def cross_entropy(model, images, labels):
     return F.cross_entropy(model(images).float(), labels)
 
 
-def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False, amp=False, loss_fn=cross_entropy):
-    """One pass over uint8 images x in a random order: batches are indexed, (augmented,) normalised and fed on the
-    device. lr_fn(fraction of the epoch done) sets the learning rate; loss_fn(model, images, labels) the objective.
-    Returns the last batch's loss (one host sync per epoch)."""
+def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False, amp=False, loss_fn=cross_entropy,
+                max_steps=None):
+    """One pass over uint8 images x in a random order (or its first max_steps batches): batches are indexed,
+    (augmented,) normalised and fed on the device. lr_fn(fraction of the epoch done) sets the learning rate;
+    loss_fn(model, images, labels) the objective. Returns the last batch's loss (one host sync per epoch)."""
     model.train()
     perm = torch.randperm(len(x), generator=gen, device=x.device)
     steps = math.ceil(len(x) / batch_size)
-    for i in range(steps):
+    for i in range(min(steps, max_steps or steps)):
         if lr_fn is not None:
             for group in opt.param_groups:
                 group["lr"] = lr_fn(i / steps)
@@ -605,56 +737,77 @@ def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False,
     return loss.item()
 
 
+def make_optimizer(name, model, args):
+    """SGD (the paper's, plain unless --momentum / --weight-decay) or Adam, at the model's learning rate."""
+    lr = args.lr.get(name) or default_lr(name, args.dataset)
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+
+
 def train_one(name, seed, args, data, shape, results, device, folder, run=None, loss_fn=cross_entropy):
-    """Train one model, measuring it every --eval-every epochs; run names it in metrics.json (default
+    """Train one model, evaluating it every --eval-every epochs and at the end; run names it in metrics.json (default
     <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants).
-    Returns the model, or None if its loss became non-finite (metrics.json then marks the run diverged)."""
+    Returns the model, or None if its loss diverged (metrics.json then marks the run)."""
     channels, size, classes = shape
     run = run or f"{name}/seed{seed}"
     seed_all(seed)
     model = build_model(name, args, channels, size, classes).to(device)
     print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     fwd = torch.compile(model) if args.compile else model
-    lr = args.lr.get(name) or default_lr(name, args.dataset)
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    opt = make_optimizer(name, model, args)
+    lr = opt.param_groups[0]["lr"]
     x, y = data["train_x"], data["train_y"]
     sens_images = normalize(x[: args.n_sens])  # a fixed subset of the (already shuffled) training set
     gen = torch.Generator(device).manual_seed(seed)
-    t0 = time.time()
-    for epoch in range(args.epochs + 1):
-        if epoch % args.eval_every == 0 or epoch == args.epochs:
-            row = {"epoch": epoch}
+    steps_per_epoch = math.ceil(len(x) / args.batch_size)
+    num_steps = args.steps or args.epochs * steps_per_epoch
+    epochs = math.ceil(num_steps / steps_per_epoch)  # the last one partial when --steps is not a whole epoch
+    head = f"{args.mask[0]}:{args.sigma[0]:g}"
+    t0, step = time.time(), 0
+    for epoch in range(epochs + 1):
+        if epoch % args.eval_every == 0 or epoch == epochs:
+            row = {"epoch": epoch, "step": step}
             row["train_loss"], row["train_acc"] = evaluate(fwd, x, y)
             if results.diverged(run, epoch, row["train_loss"], "epoch"):
                 return None
             row["test_loss"], row["test_acc"] = evaluate(fwd, data["test_x"], data["test_y"])
-            sens = measure_sensitivity(fwd, sens_images, args.sens_patch, args.sigma, args.noise, args.sigma_global,
-                                       args.reps, seed, args.sens_positions)
+            sens = measure_sensitivity(fwd, sens_images, args.sens_patch, args.sigma, args.mask[:1], args.sens_seed,
+                                       args.reps, args.sens_positions)
             for key, s in sens.items():
                 row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
-            head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
             row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
             row["time"] = time.time() - t0
             results.log(run, row)
             print(f"{run} epoch {epoch:3d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
                   f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
                   f"{row['time']:.0f}s")
-        if epoch == args.epochs:
+        if epoch == epochs:
             break
         loss = train_epoch(fwd, opt, x, y, batch_size=args.batch_size, gen=gen, augment=args.augment, amp=args.amp,
-                           lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, args.epochs), loss_fn=loss_fn)
+                           lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, num_steps / steps_per_epoch),
+                           loss_fn=loss_fn, max_steps=num_steps - step)
+        step = min(step + steps_per_epoch, num_steps)
         if results.diverged(run, epoch + 1, loss, "epoch"):
             return None
-    grid = size // args.sens_patch
-    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss"]}
-    final["sens_by_sigma"] = {f"{s:g}": row[f"sens@tokenwise:{s:g}"] for s in args.sigma if "tokenwise" in args.noise}
-    if "global" in args.noise:
-        final["sens_global"] = row["sens@global"]
-    if "tokenwise" in args.noise:
-        final["sens_map"] = sens[f"tokenwise:{args.sigma[0]:g}"].per_position.view(grid, grid).tolist()
+    # the final model under every mask and, with --sweep, at every sigma of the sweep; what the last evaluation
+    # measured is the same noise on the same model, so it is reused
+    sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
+    for mask in args.mask:
+        todo = [s for s in sigmas if f"{mask}:{s:g}" not in sens]
+        sens.update(measure_sensitivity(fwd, sens_images, args.sens_patch, todo, [mask], args.sens_seed, args.reps,
+                                        args.sens_positions))
+    sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0].split(":")[0]), float(kv[0].split(":")[1]))))
+    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
+                                 "step"]}
+    final["sens_at"] = {k: {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()}
+    final["per_image"] = {k: [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()}
+    if args.match_acc:
+        keys = [f"sens@{k}" for k in sens if f"sens@{k}" in row]
+        final["match_acc"] = at_train_accuracy(results.data["runs"][run]["history"], args.match_acc, keys)
+    if "patch" in args.mask:
+        grid = size // args.sens_patch
+        final["sens_map"] = sens[f"patch:{args.sigma[0]:g}"].per_position.view(grid, grid).tolist()
     results.final(run, final)
     if args.save_model:
         torch.save(model.state_dict(), os.path.join(folder, f"{name}-seed{seed}.pt"))
@@ -692,11 +845,13 @@ def pretrained_run(args, results, device):
         if len(ds.classes) == 1000:  # an ImageNet folder: class index = ImageNet label
             with torch.no_grad():
                 final["train_acc"] = (model(images).argmax(1) == labels).float().mean().item()
-        sens = measure_sensitivity(model, images, 16, args.sigma, args.noise, args.sigma_global, args.reps, 0,
+        sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
+        sens = measure_sensitivity(model, images, 16, sigmas, args.mask, args.sens_seed, args.reps,
                                    args.sens_positions)
-        head = f"tokenwise:{args.sigma[0]:g}" if "tokenwise" in args.noise else "global"
-        final.update(sens=sens[head].mean, sens_stderr=sens[head].stderr,
-                     sens_by_sigma={k.split(":")[1]: s.mean for k, s in sens.items() if k.startswith("tokenwise")})
+        head = sens[f"{args.mask[0]}:{args.sigma[0]:g}"]
+        final.update(sens=head.mean, sens_stderr=head.stderr,
+                     sens_at={k: {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()},
+                     per_image={k: [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()})
         results.final(f"{name}/pretrained", final)
         print(f"{name}: sensitivity {final['sens']:.4f} +- {final['sens_stderr']:.4f} on {len(images)} images")
 
@@ -706,12 +861,13 @@ def pretrained_run(args, results, device):
 
 
 def plot(data, folder):
+    """The figures of a run (or of combined runs) from its metrics.json: curves over training, the sigma sweep
+    (Fig. 17), the per-patch maps, sensitivity against train accuracy, and the data-scale study."""
     plt = pyplot()
-
     groups = {}
     for run, r in data["runs"].items():
         if r["history"]:
-            groups.setdefault(run.rsplit("/", 1)[0], []).append(r)
+            groups.setdefault(model_of(run), []).append(r)
     paths = []
     if groups:
         fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -726,17 +882,35 @@ def plot(data, folder):
             ax.set_xlabel("epoch")
             ax.legend(fontsize=7)
         paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
-    finals = {run: r["final"] for run, r in data["runs"].items() if r["final"].get("sens_by_sigma")}
-    if finals and len(next(iter(finals.values()))["sens_by_sigma"]) > 1:  # Fig. 17: the sigma sweep
-        fig, ax = plt.subplots(figsize=(5, 4))
-        for name in {run.rsplit("/", 1)[0] for run in finals}:
-            per = [f["sens_by_sigma"] for run, f in finals.items() if run.rsplit("/", 1)[0] == name]
-            sigmas = sorted(per[0], key=float)
-            ax.plot([float(s) for s in sigmas], [sum(p[s] for p in per) / len(per) for s in sigmas], "o-", label=name)
-        ax.set_xlabel("sigma")
-        ax.set_ylabel("sensitivity")
-        ax.set_xscale("log")
+        fig, ax = plt.subplots(figsize=(5, 4))  # App. A.1: compare at equal train accuracy
+        for i, (name, runs) in enumerate(groups.items()):
+            for j, r in enumerate(runs):
+                h = r["history"]
+                ax.plot([x["train_acc"] for x in h], [x["sens"] for x in h], ".-", color=f"C{i}", alpha=0.7,
+                        label=name if j == 0 else None)
+        ax.set_xlabel("train accuracy")
+        ax.set_ylabel(f"sensitivity ({data['args'].get('mask', ['patch'])[0]}, sigma {data['args']['sigma'][0]:g})"
+                      if "args" in data and "sigma" in data["args"] else "sensitivity")
         ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_vs_train_acc.png"))
+    finals = {run: r["final"] for run, r in data["runs"].items() if r["final"].get("sens_at")}
+    masks = sorted({k.split(":")[0] for f in finals.values() for k in f["sens_at"]})
+    if finals and max(len(f["sens_at"]) for f in finals.values()) > len(masks):  # several sigmas: Fig. 17
+        fig, axes = plt.subplots(1, len(masks), figsize=(5 * len(masks), 4), squeeze=False)
+        for ax, mask in zip(axes[0], masks):
+            for name in dict.fromkeys(model_of(run) for run in finals):
+                rows = [{float(k.split(":")[1]): v["sens"] for k, v in f["sens_at"].items() if k.startswith(mask + ":")}
+                        for run, f in finals.items() if model_of(run) == name]
+                sigmas = sorted(set.intersection(*(set(r) for r in rows)))
+                ys = torch.tensor([[r[s] for s in sigmas] for r in rows])
+                line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({len(rows)} seeds)")
+                if len(rows) > 1:
+                    ax.fill_between(sigmas, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
+            ax.set_xscale("log")
+            ax.set_xlabel("sigma (noise std on normalised pixels)")
+            ax.set_ylabel("sensitivity")
+            ax.set_title(f"{mask} mask (band: range over seeds)", fontsize=9)
+            ax.legend(fontsize=7)
         paths.append(save_figure(fig, f"{folder}/sigma_sweep.png"))
     maps = {run: r["final"]["sens_map"] for run, r in data["runs"].items() if r["final"].get("sens_map")}
     if maps:
@@ -748,13 +922,73 @@ def plot(data, folder):
             ax.set_yticks([])
             fig.colorbar(im, ax=ax, fraction=0.046)
         paths.append(save_figure(fig, f"{folder}/sensitivity_maps.png"))
+    if data.get("data_scale"):
+        scale = {int(n): p for n, p in data["data_scale"].items() if p}
+        ref = next(iter(scale.values()))["reference"]
+        keys = sorted({k for p in scale.values() for m in p["models"].values() for k in m["diff"]})
+        fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+        for ax, key in zip(axes[0], keys):
+            models = dict.fromkeys(m for p in scale.values() for m in p["models"])
+            for name in models:
+                pts = [(n, p["models"][name]["diff"][key]) for n, p in sorted(scale.items())
+                       if name in p["models"] and key in p["models"][name]["diff"]]
+                ax.errorbar([n for n, _ in pts], [d["mean"] for _, d in pts],
+                            yerr=[0 if d["stderr"] is None or d["stderr"] != d["stderr"] else d["stderr"]
+                                  for _, d in pts], fmt="o-", capsize=3, label=f"{name} - {ref}")
+            ax.axhline(0, color="gray", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_xlabel("training images")
+            ax.set_ylabel("paired sensitivity difference (mean +- s.e. over seeds)")
+            ax.set_title(key, fontsize=9)
+            ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/data_scale.png"))
     return paths
+
+
+def combine(folders):
+    """One metrics.json from several vision.py run folders (seeds or models run as separate processes): their runs
+    merged and the paired differences recomputed. Folders that differ in the number of training images become a
+    data-scale study: the paired differences at each size."""
+    by_size = {}
+    for folder in folders:
+        d = load_results(folder, "vision")
+        runs = by_size.setdefault(d.get("data", {}).get("n_train"), {})
+        for run, r in d["runs"].items():
+            if run in runs:
+                raise ValueError(f"{run} is in more than one of the --plot folders ({folder})")
+            runs[run] = r
+    out = {"script": "vision", "sources": list(folders), "args": load_results(folders[0], "vision")["args"]}
+    if len(by_size) == 1:
+        out["runs"] = next(iter(by_size.values()))
+        out["paired"] = paired_differences(out["runs"])
+    else:
+        out["runs"] = {}
+        out["data_scale"] = {str(n): paired_differences(r) for n, r in sorted(by_size.items())}
+    return out
+
+
+def summary(data):
+    """One line per model: its paired difference to the reference ViT at each key, mean +- s.e. over seeds."""
+    paired = data.get("paired") or {}
+    for name, p in paired.get("models", {}).items():
+        parts = [f"{k} {d['mean']:+.4f} +- {d['stderr']:.4f} ({d['seeds']} seeds)" for k, d in p["diff"].items()]
+        cross = {m: [f"{s:.3g}" for s in v] for m, v in p["crossover"].items() if v}
+        parts += [f"level at sigma {cross}"] if cross else []
+        print(f"{name} - {paired['reference']} | " + " | ".join(parts))
 
 
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot, "vision"), args.plot))
-        return None
+        if len(args.plot) == 1:
+            data = load_results(args.plot[0], "vision")
+            print("wrote", *plot(data, args.plot[0]))
+            return None
+        data = combine(args.plot)  # a new folder: the sources are never written to
+        folder = new_run_dir("vision", args.run_name or "combined", args.out_dir)
+        write_json(os.path.join(folder, "metrics.json"), data)
+        summary(data)
+        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
+        return data
     device = setup(args)
     if args.pretrained:
         folder, results = start_run("vision", args, "imagenet-pretrained", device)
@@ -764,12 +998,16 @@ def main(args):
     data = prepare_data(args, device)  # before the run folder: a missing or corrupt dataset leaves nothing behind
     channels, size, classes, _ = DATASETS[args.dataset]
     folder, results = start_run("vision", args, f"{args.dataset}-{'-'.join(args.model)}", device)
+    results.data["data"] = {"n_train": len(data["train_x"]), "n_test": len(data["test_x"])}
     print(f"{args.dataset}: {len(data['train_x'])} train / {len(data['test_x'])} test images on {device}")
     try:
         with results.recording():
             for name in args.model:
                 for seed in args.seeds:
                     train_one(name, seed, args, data, (channels, size, classes), results, device, folder)
+            results.data["paired"] = paired_differences(results.data["runs"])
+            results.save()
+            summary(results.data)
     finally:
         print("wrote", *plot(results.data, folder))
     return results.data

@@ -40,8 +40,8 @@ class OnePatch(nn.Module):
 def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
     """Only patch k can flip it: per-patch map nonzero at k alone, and the mean is map[k] / T."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise"], None, 3, 0)
-    s = sens["tokenwise:1"]
+    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["patch"], seed=0, reps=3)
+    s = sens["patch:1"]
     assert s.per_position[5] > 0.2
     assert torch.equal(torch.cat([s.per_position[:5], s.per_position[6:]]), torch.zeros(15))
     assert s.mean == pytest.approx(s.per_position[5].item() / 16, rel=1e-5)
@@ -50,8 +50,8 @@ def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
 def test_global_noise_reaches_every_patch():
     """App. A.2: one global perturbation moves every patch, so the one-patch model flips more often per copy."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["tokenwise", "global"], 1.0, 3, 0)
-    assert sens["global"].evaluations == 600 and sens["global"].mean > 4 * sens["tokenwise:1"].mean
+    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [4.0], ["patch", "global"], seed=0, reps=3)
+    assert sens["global:4"].evaluations == 600 and sens["global:4"].mean > 4 * sens["patch:4"].mean
 
 
 def test_normalize_and_augment():
@@ -99,17 +99,18 @@ def test_learning_rates_per_model():
 def test_end_to_end_on_fake_data(tmp_path):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures."""
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
-            "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--noise", "tokenwise", "global",
+            "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
     vision.main(vision.parse_args(argv))
     folder = tmp_path / "vision" / "t"
     data = json.loads((folder / "metrics.json").read_text())
     assert set(data["runs"]) == {"vit/seed0", "vit/seed1", "mlp/seed0", "mlp/seed1"}
     final = data["runs"]["vit/seed0"]["final"]
-    for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_global"]:
+    for key in ["sens", "sens_stderr", "train_acc", "test_acc"]:
         assert isinstance(final[key], float)
-    assert set(final["sens_by_sigma"]) == {"0.1", "1"} and final["sens"] == final["sens_by_sigma"]["0.1"]
-    assert torch.tensor(final["sens_map"]).shape == (4, 4)
+    assert set(final["sens_at"]) == {"patch:0.1", "patch:1", "global:0.1", "global:1"}
+    assert final["sens"] == final["sens_at"]["patch:0.1"]["sens"]
+    assert torch.tensor(final["sens_map"]).shape == (7, 7)
     assert [h["epoch"] for h in data["runs"]["mlp/seed1"]["history"]] == [0, 1]
     for png in ["sensitivity.png", "sigma_sweep.png", "sensitivity_maps.png"]:
         assert (folder / png).stat().st_size > 5000
@@ -153,7 +154,7 @@ def test_patch_norm_blows_up_noise_on_a_blank_patch(name):
     """With the patch LayerNorm, noise of std 0.01 on a constant (blank) patch moves its token as far as noise of
     std 1 does; --no-patch-norm removes the LayerNorm, and the token then moves 100x less."""
     def token_shift(extra, sigma):
-        args = vision.parse_args(["--dataset", "fake28"] + SMALL + extra)
+        args = vision.parse_args(["--dataset", "fake28", "--patch-size", "7"] + SMALL + extra)
         torch.manual_seed(0)
         model = vision.build_model(name, args, 1, 28, 10).eval()
         embed = model.tokens if name == "vit" else lambda img: model.embed[:2](patchify(img, 7))  # norm, linear
