@@ -232,20 +232,45 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
         self.drop = nn.Dropout(dropout)
 
+    def qkv_heads(self, x):
+        B, T, _ = x.shape
+        return self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+
     def forward(self, x, mask):  # x (B, T, C), mask (B, T) True for real tokens
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1)) * self.dim_head**-0.5  # (B, nh, T, T)
+        T = x.shape[1]
+        q, k, v = self.qkv_heads(x)
         keep = mask[:, None, None, :]  # keys that are real tokens
         if self.causal:
             keep = keep & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        return self.attend(x, q, k, v, keep)
+
+    def attend(self, x, q, k, v, keep):
+        """The rest of the block for queries q (B, nh, Tq, hs) of the rows x: attention over keys k and values v
+        (B, nh, Tk, hs), or over the concatenation of the pairs when k and v are tuples (the prefix cache and the
+        suffix, without building the concatenation); keep (B, 1, Tq, Tk) says which keys each query may see."""
+        ks, vs = (k, v) if isinstance(k, tuple) else ((k,), (v,))
+        att = torch.cat([(q * self.dim_head**-0.5) @ kk.transpose(-2, -1) for kk in ks], -1)  # (B, nh, Tq, Tk)
         if self.attn == "softmax":
             att = att.masked_fill(~keep, float("-inf")).softmax(-1)
         else:
             att = F.relu(att) * keep
-        y = (self.drop(att) @ v).transpose(1, 2).reshape(B, T, -1)  # (B, T, nh * hs)
-        x = x + self.drop(self.proj(y))
+        att, y = self.drop(att), 0
+        for part, vv in zip(att.split([vv.shape[2] for vv in vs], -1), vs):
+            y = y + part @ vv
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(*x.shape[:2], -1)))  # (B, Tq, nh * hs) heads joined
         return x + self.drop(self.mlp(self.ln2(x)))
+
+    def forward_suffix(self, x, pos, mask, k_cache, v_cache):
+        """Causal block on each row's suffix only: x (B, K, C) are the rows at absolute positions pos (B, K); the
+        keys and values of the positions before them come from the clean cache (B, nh, T, hs), unchanged because
+        causal attention cannot see a later perturbation."""
+        T = k_cache.shape[2]
+        q, k, v = self.qkv_heads(x)
+        before = (torch.arange(T, device=x.device) < pos[:, :1]) & mask  # (B, T) cached keys before the suffix
+        last = mask.sum(1, keepdim=True) - 1
+        own = (pos[:, None, :] <= pos[:, :, None]) & (pos <= last)[:, None, :]  # (B, K, K) causal, real tokens
+        keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, T + K)
+        return self.attend(x, q, (k_cache, k), (v_cache, v), keep[:, None])
 
 
 class TextTransformer(nn.Module):
@@ -276,6 +301,29 @@ class TextTransformer(nn.Module):
         mask = tokens != PAD
         return self.forward_normed(self.embed_normed(tokens), mask)
 
+    def prefix_cache(self, e, mask):
+        """Every block's keys and values of the clean inputs (eval mode), for forward_from: a KV cache. None for the
+        bidirectional encoder, where a perturbation reaches every position."""
+        if not self.causal:
+            return None
+        x, cache = e + self.pos.weight[: e.shape[1]], []
+        for block in self.blocks:
+            cache.append(block.qkv_heads(x)[1:])
+            x = block(x, mask)
+        return cache
+
+    def forward_from(self, e, mask, start, cache, idx):
+        """Logits of inputs e (B, T, C) equal to the clean inputs idx (rows of the cache) before position start (B,):
+        only each row's positions start.. are computed, over the cached keys and values of the others."""
+        B, T, C = e.shape
+        last = mask.sum(1) - 1
+        pos = start[:, None] + torch.arange(int((last + 1 - start).max()), device=e.device)  # (B, K) positions
+        cols = pos.clamp(max=T - 1)
+        x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]
+        for block, (k, v) in zip(self.blocks, cache):
+            x = block.forward_suffix(x, pos, mask, k[idx], v[idx])
+        return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])
+
 
 class LSTMLayer(nn.Module):
     """One LSTM layer, written out. Weights are laid out as in torch.nn.LSTM (gates i, f, g, o stacked)."""
@@ -290,10 +338,14 @@ class LSTMLayer(nn.Module):
         self.b_hh = nn.Parameter(torch.empty(4 * hidden).uniform_(-k, k))
 
     def forward(self, x):  # x (B, T, inputs) -> (B, T, hidden)
+        return self.run(x)[0]
+
+    def run(self, x, state=None):
+        """Hidden and cell states (B, T, hidden) at every step, from the initial state (h, c), zeros if None."""
         B, T, _ = x.shape
         xw = x @ self.W_ih.T + self.b_ih  # the input projection of every step at once, (B, T, 4H)
-        h = c = x.new_zeros(B, self.hidden)
-        out = []
+        h, c = state if state is not None else (x.new_zeros(B, self.hidden), x.new_zeros(B, self.hidden))
+        hs, cs = [], []
         for t in range(T):
             gates = xw[:, t] + h @ self.W_hh.T + self.b_hh
             i, f, g, o = gates.chunk(4, dim=1)
@@ -303,8 +355,9 @@ class LSTMLayer(nn.Module):
             o = torch.sigmoid(o)  # output gate: how much of the cell is shown as the hidden state
             c = f * c + i * g
             h = o * torch.tanh(c)
-            out.append(h)
-        return torch.stack(out, dim=1)
+            hs.append(h)
+            cs.append(c)
+        return torch.stack(hs, dim=1), torch.stack(cs, dim=1)
 
 
 class LSTMClassifier(nn.Module):
@@ -323,17 +376,20 @@ class LSTMClassifier(nn.Module):
     def embed_normed(self, tokens):
         return self.norm(self.embed(tokens))
 
-    def run_fused(self, x):
+    def run_fused(self, x, init=None):
+        """All layers through torch.nn.LSTM with this model's weights; init: per layer (h, c) (B, hidden), or None."""
         weights = {}
         for i, layer in enumerate(self.layers):
             for name in ["W_ih", "W_hh", "b_ih", "b_hh"]:
                 torch_name = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh"}[name]
                 weights[f"{torch_name}_l{i}"] = getattr(layer, name)
         if x.device not in self._fused:  # built once: constructing it draws 4 * 8 * hidden^2 random numbers
+            between = self.drop.p if len(self.layers) > 1 else 0.0  # dropout between layers: none with one layer
             self._fused[x.device] = nn.LSTM(x.shape[-1], self.layers[0].hidden, len(self.layers), batch_first=True,
-                                            dropout=self.drop.p, device=x.device)
+                                            dropout=between, device=x.device)
         lstm = self._fused[x.device].train(self.training)  # inter-layer dropout only in training, as the cell path
-        return torch.func.functional_call(lstm, weights, (x,))[0]
+        state = None if init is None else tuple(torch.stack(s) for s in zip(*init))  # (layers, B, hidden) each
+        return torch.func.functional_call(lstm, weights, (x, state))[0]
 
     def forward_normed(self, e, mask):
         x = self.drop(e)
@@ -347,6 +403,32 @@ class LSTMClassifier(nn.Module):
 
     def forward(self, tokens):
         return self.forward_normed(self.embed_normed(tokens), tokens != PAD)
+
+    def prefix_cache(self, e, mask):
+        """Every layer's hidden and cell states of the clean inputs (eval mode) at every position, for forward_from."""
+        cache, x = [], e
+        for layer in self.layers:
+            h, c = layer.run(x)
+            cache.append((h, c))
+            x = h
+        return cache
+
+    def forward_from(self, e, mask, start, cache, idx):
+        """Logits of inputs e (B, T, C) equal to the clean inputs idx (rows of the cache) before position start (B,):
+        each row's recurrence resumes from its cached states at start - 1 over its own suffix, so a copy perturbed
+        at position t costs length - t steps instead of length."""
+        B, T, C = e.shape
+        steps = mask.sum(1) - start  # (B,) from the perturbed token to the last real one
+        cols = (start[:, None] + torch.arange(int(steps.max()), device=e.device)).clamp(max=T - 1)
+        x = e.gather(1, cols[..., None].expand(-1, -1, C))  # (B, K, C) each row's suffix
+        rows, before, fresh = idx, (start - 1).clamp(min=0), (start == 0)[:, None]
+        init = [(h[rows, before].masked_fill(fresh, 0.0), c[rows, before].masked_fill(fresh, 0.0)) for h, c in cache]
+        if self.fused:
+            x = self.run_fused(x, init)
+        else:
+            for layer, state in zip(self.layers, init):
+                x = layer.run(x, state)[0]
+        return self.head(x[torch.arange(B, device=e.device), steps - 1])
 
 
 def build_model(name, attn, vocab, args):
@@ -379,30 +461,32 @@ def evaluate(model, tokens, labels, batch_size=256):
 
 
 @torch.no_grad()
-def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed):
+def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, prefix_cache=True):
     """Noise on one layer-normalised token embedding at a time, padding never. With align='right' the estimator sees
-    each sequence shifted to end at the last column, so its per-position profile counts from the end. Returns the
-    Sensitivity and, per position of that profile, how many of the pairs have a token there."""
+    each sequence shifted to end at the last column, so its per-position profile counts from the end. For the causal
+    models (LSTM, GPT-2) a copy perturbed at position t reuses the clean states before t (prefix_cache; the same
+    predictions, about half the work). Returns the Sensitivity and, per position of that profile, how many of the
+    pairs have a token there."""
     model.eval()
     tokens = trim(tokens)
     mask = tokens != PAD
     e = model.embed_normed(tokens)  # (N, T, C)
     N, T, C = e.shape
-    if align == "right":
-        shift = T - mask.sum(1)  # (N,) columns of padding each sequence is moved right by
-        cols = torch.arange(T, device=e.device)
-        src = (cols - shift[:, None]) % T  # right-aligned column j holds left column j - shift
-        e, mask_est = e.gather(1, src[..., None].expand(-1, -1, C)), mask.gather(1, src)
+    cache = model.prefix_cache(e, mask) if prefix_cache else None
+    cols = torch.arange(T, device=e.device)
+    shift = T - mask.sum(1) if align == "right" else torch.zeros(N, dtype=torch.long, device=e.device)  # (N,)
+    src = (cols - shift[:, None]) % T  # right-aligned column j holds left column j - shift (identity for 'left')
+    e_est, mask_est = e.gather(1, src[..., None].expand(-1, -1, C)), mask.gather(1, src)
 
-        def f(xb, idx):  # shift the chunk back to the left-aligned layout the models expect
-            back = (cols + shift[idx, None]) % T
-            return model.forward_normed(xb.gather(1, back[..., None].expand(-1, -1, C)), mask[idx])
-    else:
-        mask_est = mask
-
-        def f(xb, idx):
+    def f(xb, idx, pos):  # shift the chunk back to the left-aligned layout the models expect
+        back = (cols + shift[idx, None]) % T
+        xb = xb.gather(1, back[..., None].expand(-1, -1, C))
+        if pos is None or cache is None:
             return model.forward_normed(xb, mask[idx])
-    s = sensitivity(f, e, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, seed=seed)
+        return model.forward_from(xb, mask[idx], pos - shift[idx], cache, idx)
+
+    s = sensitivity(f, e_est, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, seed=seed,
+                    tell_position=True)
     return s, mask_est.sum(0)
 
 

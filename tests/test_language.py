@@ -111,6 +111,9 @@ class LastToken(nn.Module):
         v = e[torch.arange(len(e)), mask.sum(1) - 1, 0]
         return torch.stack([torch.zeros_like(v), v], 1)
 
+    def prefix_cache(self, e, mask):
+        return None  # like the bidirectional encoder: no prefix to reuse
+
 
 def test_right_aligned_profile_counts_from_the_end():
     tokens = torch.full((4, 10), language.PAD)
@@ -160,3 +163,27 @@ def test_end_to_end(tmp_path):
     assert pairs[-1] == 4 and pairs == sorted(pairs)  # right-aligned: every pair has a last token, few a first
     assert all((p != p) == (n == 0) for p, n in zip(prof, pairs))  # NaN exactly where no measured pair reaches
     assert (folder / "sensitivity.png").exists() and (folder / "sensitivity_by_position.png").exists()
+
+
+@pytest.mark.parametrize("name,attn,fused", [("lstm", "softmax", False), ("lstm", "softmax", True),
+                                             ("gpt2", "softmax", False), ("gpt2", "relu", False)])
+def test_prefix_cache_gives_exactly_the_uncached_sensitivity(name, attn, fused):
+    """The causal models resume from the clean states before the perturbed token (LSTM states, GPT-2 keys and
+    values): with the same noise, every pair's flip rate equals the full recomputation's, for both alignments and
+    for sampled positions; and the models do flip (a one-layer LSTM with a scaled head: deeper ones are constant at
+    initialisation), so the comparison is not vacuous."""
+    args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "1" if name == "lstm" else "2",
+                                "--max-len", "40"] + ["--fused"] * fused)
+    torch.manual_seed(1)
+    model = language.build_model(name, attn, 60, args)
+    with torch.no_grad():
+        model.head.weight.mul_(30)
+    tokens = torch.randint(4, 60, (30, 40), generator=torch.Generator().manual_seed(0))
+    tokens[torch.arange(40) >= torch.randint(5, 41, (30, 1), generator=torch.Generator().manual_seed(2))] = language.PAD
+    for align in ["right", "left"]:
+        for positions in [None, 3]:
+            cached, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0)
+            full, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0, prefix_cache=False)
+            assert torch.equal(cached.per_input, full.per_input) and cached.evaluations == full.evaluations
+            assert cached.mean > 0.005, (align, positions, cached.mean)
+    assert language.build_model("roberta", attn, 60, args).prefix_cache(torch.zeros(2, 3, 32), None) is None
