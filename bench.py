@@ -8,19 +8,27 @@
 - train_speedup_<model>: training images/s of vision.py's on-device data pipeline / a torchvision Dataset +
   DataLoader + ToTensor/Normalize pipeline (batch 100), same model.
 - est_eff_roberta: the estimator's efficiency on language.py's RoBERTa encoder (padding masks, right-aligned profile).
+- est_prefix_speedup_<lstm|gpt2>: the causal models' sensitivity with the prefix cache (resuming from the clean
+  states before the perturbed token) / recomputing every copy from its start, on MRPC-length pairs; same answer.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - corruption_images_per_s: images/s of robustness.py's generated corruptions (all 15, severities 1-5), absolute.
+- shared_cpu_slowdown: a small training run's wall time beside one busy process (the same run, as a second seed) /
+  alone, with the scripts' thread policy (one thread per process); shared_cpu_slowdown_default: the same with torch's
+  default threads (torch_default_threads) in both processes.
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
-    python bench.py                  # CPU, about a minute on 2 cores
+    python bench.py                  # CPU, a few minutes on 2 cores; run it on an otherwise idle machine
     python bench.py --device cuda    # on a GPU
-Prints one `name value` line per figure and writes them to out/bench/bench.json.
+    python bench.py --rounds 1 --n-inputs 4   # a smoke test, seconds
+Prints one `name value` line per figure and writes them to out/bench/bench[-k].json (never replacing a file).
 """
 
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +40,9 @@ from PIL import Image
 
 import vision
 from common import (ArgumentParser, check_args, cli, default_batch_size, environment, gaussian, get_device, patchify,
-                    sensitivity, write_json)
+                    sensitivity, set_threads, write_json)
+
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read before any script sets its policy
 
 
 def parse_args(argv=None):
@@ -41,10 +51,11 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=None, help="estimator chunk (rows); default: the estimator's")
     p.add_argument("--n-inputs", type=int, default=None, help="inputs per estimator run; default 100 cpu, 1000 cuda")
     p.add_argument("--rounds", type=int, default=7, help="timed rounds; each figure is the median over rounds")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads while timing (0: the scripts' policy, one)")
     p.add_argument("--out", type=str, default=None, help="where the figures are written (default: the first free "
                    "out/bench/bench[-k].json); an existing file is never replaced")
     args = p.parse_args(argv)
-    check_args(p, args, positive=["rounds", "batch_size", "n_inputs"])
+    check_args(p, args, positive=["rounds", "batch_size", "n_inputs"], nonnegative=["threads"])
     if args.out is None:
         args.out, k = "out/bench/bench.json", 1
         while os.path.exists(args.out):
@@ -201,19 +212,28 @@ def bench_training(name, model, x, y, rounds, device):
             f"train_images_per_s_{name}": len(x) / median([t[0] for t in times])}
 
 
-def bench_language(rounds, device):
-    """language.py's models: the estimator's efficiency on the RoBERTa encoder (masked, right-aligned profile, as
-    language.py measures it), and the speed-up of --fused (torch.nn.LSTM) over the hand-written LSTM, forward and
-    backward of one batch of 32 as in training."""
+def mrpc_like(n, device, seed=0):
+    """n right-padded token sequences with the lengths of MRPC pairs under language.py's tokenizer (mean 51, std 12,
+    20 to 101 tokens)."""
     import language
 
-    small = language.parse_args([])  # the paper's size: 4 layers, width 256, 8 heads
-    n, T = (256, 128) if device.type == "cuda" else (12, 64)  # pairs, tokens: CPU-sized to finish in seconds
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
+    lengths = (51 + 12 * torch.randn(n, generator=g)).round().clamp(20, 101).long()
+    T = int(lengths.max())
     tokens = torch.randint(4, 1000, (n, T), generator=g)
-    lengths = torch.randint(T // 4, T + 1, (n,), generator=g)
-    tokens[torch.arange(T) >= lengths[:, None]] = language.PAD  # padded to different lengths, as real pairs
-    tokens = tokens.to(device)
+    tokens[torch.arange(T) >= lengths[:, None]] = language.PAD
+    return tokens.to(device)
+
+
+def bench_language(n, rounds, device):
+    """language.py's models at the paper's size (4 layers, width 256, 8 heads) on MRPC-length pairs: the estimator's
+    efficiency on the RoBERTa encoder (masked, right-aligned profile, as language.py measures it); the speed-up of
+    the prefix cache for the causal models (the same answer, exactly); and of --fused (torch.nn.LSTM) over the
+    hand-written LSTM, forward and backward of one batch of 32 as in training."""
+    import language
+
+    small = language.parse_args(["--fused"])
+    tokens = mrpc_like(n, device)
     roberta = language.build_model("roberta", "softmax", 1000, small).to(device).eval()
     mask = tokens != language.PAD
     evals = int(mask.sum())
@@ -221,7 +241,7 @@ def bench_language(rounds, device):
     def forwards():  # plain forward passes over as many rows, at the estimator's batch size
         e = roberta.embed_normed(tokens)
         bs = default_batch_size(e)
-        rows = torch.arange(evals, device=device) % n
+        rows = torch.arange(evals, device=device) % len(tokens)
         with torch.inference_mode():
             for i in range(0, evals, bs):
                 roberta.forward_normed(e[rows[i:i + bs]], mask[rows[i:i + bs]])
@@ -229,8 +249,14 @@ def bench_language(rounds, device):
     times = timed_rounds([lambda: language.measure_sensitivity(roberta, tokens, 1.0, 1, None, "right", 0), forwards],
                          device, rounds)
     out = {"est_eff_roberta": median([t[1] / t[0] for t in times])}
+    for name in ["lstm", "gpt2"]:
+        model = language.build_model(name, "softmax", 1000, small).to(device).eval()
+        times = timed_rounds([lambda m=model: language.measure_sensitivity(m, tokens, 2.0, 1, None, "right", 0),
+                              lambda m=model: language.measure_sensitivity(m, tokens, 2.0, 1, None, "right", 0,
+                                                                           prefix_cache=False)], device, rounds)
+        out[f"est_prefix_speedup_{name}"] = median([t[1] / t[0] for t in times])
     lstm = language.build_model("lstm", None, 1000, small).to(device).train()
-    batch = tokens[torch.arange(32, device=device) % n]  # a training batch of 32 pairs
+    batch = tokens[torch.arange(32, device=device) % len(tokens)]  # a training batch of 32 pairs
 
     def step(fused):
         lstm.fused = fused
@@ -238,6 +264,54 @@ def bench_language(rounds, device):
 
     times = timed_rounds([lambda: step(True), lambda: step(False)], device, rounds)
     out["lstm_fused_speedup"] = median([t[1] / t[0] for t in times])
+    return out
+
+
+def training_workload(n):
+    """A small training run on the CPU, as the experiments' are: vision.py's ViT (depth 2, 4 heads of 16, 7x7
+    patches) on n 28x28 images, one SGD epoch of batch 100 per call."""
+    args = vision.parse_args(["--dataset", "fake28", "--depth", "2", "--heads", "4", "--dim-head", "16", "--dim", "64",
+                              "--patch-size", "7"])
+    torch.manual_seed(0)
+    model = vision.build_model("vit", args, 1, 28, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return lambda: vision.train_epoch(model, opt, x, y, batch_size=100, gen=g)
+
+
+def busy_worker(threads, n, seconds):
+    """The other process of shared_cpu_slowdown: the same training workload in a loop, with the same thread policy,
+    until `seconds` have passed (bench.py kills it sooner). Prints 'ready' once it runs."""
+    torch.set_num_threads(threads)
+    run, end = training_workload(n), time.time() + seconds
+    run()
+    print("ready", flush=True)
+    while time.time() < end:
+        run()
+
+
+def bench_shared_cpu(n, rounds):
+    """shared_cpu_slowdown: wall time of a small training run beside one busy process (the same run in a loop, as a
+    second seed would be) divided by its time alone, with the thread policy of common.set_threads (one thread per
+    process), and with torch's default threads in both processes (shared_cpu_slowdown_default)."""
+    out = {}
+    for key, threads in [("shared_cpu_slowdown", 1), ("shared_cpu_slowdown_default", TORCH_DEFAULT_THREADS)]:
+        torch.set_num_threads(threads)
+        run = training_workload(n)
+        alone = median([t[0] for t in timed_rounds([run], torch.device("cpu"), rounds)])
+        worker = subprocess.Popen([sys.executable, "-c", f"import bench; bench.busy_worker({threads}, {n}, 900)"],
+                                  cwd=os.path.dirname(os.path.abspath(__file__)), stdout=subprocess.PIPE, text=True)
+        try:
+            worker.stdout.readline()  # 'ready': the other process is training
+            busy = median([t[0] for t in timed_rounds([run], torch.device("cpu"), rounds)])
+        finally:
+            worker.kill()
+            worker.wait()
+        out[key] = busy / alone
+    torch.set_num_threads(1)
+    out["torch_default_threads"] = TORCH_DEFAULT_THREADS
     return out
 
 
@@ -296,6 +370,7 @@ def bench_memory(device):
 
 
 def main(args):
+    set_threads(args.threads)
     device = get_device(args.device)
     cuda = device.type == "cuda"
     n = args.n_inputs or (1000 if cuda else 100)
@@ -315,8 +390,10 @@ def main(args):
         model = vision.build_model(name, small, 1, 28, 10).to(device)
         results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
                                       y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
-    results.update(bench_language(args.rounds, device))
-    results.update(bench_corruptions(device))
+    results.update(bench_language(256 if cuda else max(2, n // 12), args.rounds, device))
+    results.update(bench_corruptions(device, 10 * n))
+    results.update(bench_shared_cpu(3 * n, args.rounds))
+    set_threads(args.threads)
     results.update(bench_memory(device))
     for k, v in results.items():
         print(f"{k} {v:.4g}")
