@@ -486,6 +486,41 @@ class Results:
         write_json(self.path, self.data)
 
 
+def model_of(run):
+    """The model part of a run name "<model>/seed<k>"."""
+    return run.split("/")[0]
+
+
+def paired_differences(runs, reference, field="per_image"):
+    """Paired model comparisons from the runs' final[field] = {key: per-input sensitivities}, measured with the same
+    noise on the same inputs by every model: for every model against `reference`, at each key, per seed the mean over
+    inputs of (model - reference) with its standard error over inputs, and over the seeds both have the mean of those
+    means with its standard error over seeds (null with one seed). Run names are "<model>/seed<k>"."""
+    finals = {run: r["final"] for run, r in runs.items() if r["final"].get(field)}
+    out = {"reference": reference, "models": {}}
+    for m in dict.fromkeys(model_of(run) for run in finals):
+        if m == reference:
+            continue
+        diff = {}
+        for run, f in finals.items():
+            other = f"{reference}/{run.split('/', 1)[1]}"
+            if model_of(run) != m or other not in finals:
+                continue
+            for key, values in f[field].items():
+                if key in finals[other][field]:
+                    d = torch.tensor(values, dtype=torch.float64) - torch.tensor(finals[other][field][key],
+                                                                                   dtype=torch.float64)
+                    se = (d.std() / math.sqrt(len(d))).item()
+                    diff.setdefault(key, {})[run.split("/", 1)[1]] = [d.mean().item(), se]
+        res = {}
+        for key, per_seed in diff.items():
+            means = torch.tensor([v[0] for v in per_seed.values()], dtype=torch.float64)
+            se = (means.std() / math.sqrt(len(means))).item() if len(means) > 1 else math.nan
+            res[key] = {"mean": means.mean().item(), "stderr": se, "seeds": len(means), "per_seed": per_seed}
+        out["models"][m] = {"diff": res}
+    return out
+
+
 def plot_curves(ax, histories, x_key, y_key, label, **kw):
     """Mean over seeds of y_key against x_key, with a +-1 std band; histories are the runs' "history" lists."""
     rows = [[(h[x_key], h[y_key]) for h in hist if h.get(y_key) is not None] for hist in histories]
@@ -517,6 +552,20 @@ def save_figure(fig, path):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def merge_results(folders, script):
+    """One metrics dict from several run folders of `script` (seeds or models run as separate processes): their runs
+    merged (a run in two folders is a ValueError), the first folder's args, and the list of sources."""
+    out = {"script": script, "sources": list(folders), "runs": {}}
+    for folder in folders:
+        data = load_results(folder, script)
+        out.setdefault("args", data["args"])
+        for run, r in data["runs"].items():
+            if run in out["runs"]:
+                raise ValueError(f"{run} is in more than one of the folders ({folder})")
+            out["runs"][run] = r
+    return out
 
 
 def load_results(path, script=None):

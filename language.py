@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, save_figure, seed_all,
-                    sensitivity, setup, start_run, subset_size)
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of, new_run_dir,
+                    paired_differences, plot_curves, pyplot, save_figure, seed_all, sensitivity, setup, start_run,
+                    subset_size, write_json)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -72,8 +73,11 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=float, default=10, help="passes over the training pairs")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation/order seeds")
     # sensitivity
-    p.add_argument("--sigma", type=float, default=math.sqrt(15),
-                   help="noise std on the normalised embeddings (default sqrt(15): the authors' variance 15)")
+    p.add_argument("--sigma", type=float, nargs="+", default=[math.sqrt(15)], help="noise std(s) on the normalised "
+                   "embeddings, each measured at every evaluation; the first is the headline (default sqrt(15): the "
+                   "authors' variance 15; App. A.4 uses variance 4, sigma 2)")
+    p.add_argument("--sens-seed", type=int, default=0, help="seed of the noise: every model and seed sees the same "
+                   "perturbations of the same pairs, so differences between models are paired")
     p.add_argument("--reps", type=int, default=1, help="noise draws per (pair, position)")
     p.add_argument("--sens-positions", type=int, default=None,
                    help="sample this many positions per pair and draw (default: every position)")
@@ -82,26 +86,29 @@ def parse_args(argv=None):
                    "validation, App. A.4)")
     p.add_argument("--eval-every", type=int, default=625, help="AdamW steps between evaluations (and at "
                    "initialisation and the end); 625 steps of 32 = 20,000 examples")
-    p.add_argument("--align", type=str, default="right", choices=["right", "left"],
-                   help="per-position profile counted from the end (right, as the paper) or from the start")
+    p.add_argument("--align", nargs="+", default=["right"], choices=["right", "left"], help="per-position profile "
+                   "counted from the end (right, as the paper) or from the start; the first through training, every "
+                   "one on the final models")
     # system
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/language/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: <task>-<models>")
-    p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
+    p.add_argument("--plot", type=str, nargs="+", default=None, help="only redraw the figures of this run folder; "
+                   "several folders (seeds or models run apart) are combined into a new one")
     args = p.parse_args(argv)
     check_args(p, args, positive=["vocab_size", "depth", "dim", "heads", "dim_head", "mlp_dim", "batch_size", "reps",
                                   "n_sens", "eval_every", "n_train", "n_test", "sens_positions", "epochs", "lr"],
-               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "threads"])
+               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "sens_seed", "threads"])
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
     if args.dim % args.heads and args.dim_head is None:
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads} (or give --dim-head)")
     if args.dropout >= 1:
         p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.plot and not os.path.exists(args.plot):
-        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
+    for folder in args.plot or []:
+        if not os.path.exists(folder):
+            p.error(f"--plot {folder}: no such run folder or metrics.json")
     return args
 
 
@@ -451,13 +458,16 @@ def trim(tokens):
 
 @torch.no_grad()
 def evaluate(model, tokens, labels, batch_size=256):
+    """(mean cross-entropy, accuracy, share of the pairs given the most frequent predicted class) in eval mode; a
+    share of 1.0 is a constant classifier, whose sensitivity is 0 whatever the noise."""
     model.eval()
-    loss = correct = 0.0
+    loss, preds = 0.0, []
     for i in range(0, len(tokens), batch_size):
         out = model(trim(tokens[i:i + batch_size]))
         loss += F.cross_entropy(out, labels[i:i + batch_size], reduction="sum").item()
-        correct += (out.argmax(1) == labels[i:i + batch_size]).sum().item()
-    return loss / len(tokens), correct / len(tokens)
+        preds.append(out.argmax(1))
+    preds = torch.cat(preds)
+    return loss / len(tokens), (preds == labels).float().mean().item(), preds.bincount().max().item() / len(preds)
 
 
 @torch.no_grad()
@@ -494,9 +504,16 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, pref
 # training
 
 
+def sensitivities(model, tokens, args, align):
+    """{f"{sigma:g}": (Sensitivity, pairs reaching each position)} at every --sigma, with the same noise (--sens-seed)
+    for every model."""
+    return {f"{sigma:g}": measure_sensitivity(model, tokens, sigma, args.reps, args.sens_positions, align,
+                                              args.sens_seed) for sigma in args.sigma}
+
+
 def train_one(name, attn, seed, args, data, vocab, results):
     """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Returns
-    the model, or None if its loss became non-finite (metrics.json then marks the run diverged)."""
+    the model, or None if its loss diverged (metrics.json then marks the run)."""
     run = f"{name}{'' if name == 'lstm' else '-' + attn}/seed{seed}"
     seed_all(seed)
     device = data["train"][0].device
@@ -507,26 +524,29 @@ def train_one(name, attn, seed, args, data, vocab, results):
     gen = torch.Generator(device).manual_seed(seed)
     steps_per_epoch = math.ceil(len(x) / args.batch_size)
     num_steps = max(1, round(args.epochs * steps_per_epoch))
-    seen, t0 = 0, time.time()
+    head = f"{args.sigma[0]:g}"
+    seen, t0, per_image_init = 0, time.time(), None
     for step in range(num_steps + 1):
         if step % args.eval_every == 0 or step == num_steps:
             row = {"step": step, "examples": seen}
-            row["train_loss"], row["train_acc"] = evaluate(model, x, y)
+            row["train_loss"], row["train_acc"], row["majority_share"] = evaluate(model, x, y)
             if results.diverged(run, step, row["train_loss"]):
                 return None
-            row["test_loss"], row["test_acc"] = evaluate(model, *data["test"])
-            s, pairs = measure_sensitivity(model, x[: args.n_sens], args.sigma, args.reps, args.sens_positions,
-                                           args.align, seed)
-            row["sens"], row["sens_stderr"] = s.mean, s.stderr
+            row["test_loss"], row["test_acc"], _ = evaluate(model, *data["test"])
+            sens = sensitivities(model, x[: args.n_sens], args, args.align[0])
+            for key, (s, _) in sens.items():
+                row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
             if args.sens_test:
-                st, _ = measure_sensitivity(model, data["test"][0][: args.n_sens], args.sigma, args.reps,
-                                            args.sens_positions, args.align, seed)
-                row["sens_test"], row["sens_test_stderr"] = st.mean, st.stderr
+                for key, (s, _) in sensitivities(model, data["test"][0][: args.n_sens], args, args.align[0]).items():
+                    row[f"sens_test@{key}"], row[f"sens_test_stderr@{key}"] = s.mean, s.stderr
+            row["sens"], row["sens_stderr"] = row[f"sens@{head}"], row[f"sens_stderr@{head}"]
             row["time"] = time.time() - t0
             results.log(run, row)
+            if per_image_init is None:  # at initialisation, for the paired comparison there
+                per_image_init = {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
             print(f"{run} step {step:6d} | examples {seen:7d} | train loss {row['train_loss']:.4f} acc "
-                  f"{row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | sens {row['sens']:.4f} +- "
-                  f"{row['sens_stderr']:.4f} | {row['time']:.0f}s")
+                  f"{row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | majority {row['majority_share']:.3f} | "
+                  f"sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | {row['time']:.0f}s")
         if step == num_steps:
             break
         if step % steps_per_epoch == 0:  # a new pass over the training pairs in a new random order
@@ -538,12 +558,16 @@ def train_one(name, attn, seed, args, data, vocab, results):
         loss.backward()
         opt.step()
         seen += len(idx)
-    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss"]}
-    if args.sens_test:
-        final["sens_test"] = row["sens_test"]
-    final["sens_by_position"] = s.per_position.tolist()  # as long as the longest measured pair
-    final["pairs_by_position"] = pairs.tolist()  # how many of the measured pairs reach each position
-    final["align"] = args.align
+    final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss",
+                                 "majority_share", "step", "examples"]}
+    final["sens_at"] = {key: {"sens": s.mean, "stderr": s.stderr} for key, (s, _) in sens.items()}
+    final["per_image"] = {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
+    final["per_image_init"] = per_image_init
+    # the per-position profile of the final model at the headline sigma, in every alignment asked for
+    final["profiles"] = {}
+    for align in args.align:
+        s, pairs = sens[head] if align == args.align[0] else sensitivities(model, x[: args.n_sens], args, align)[head]
+        final["profiles"][align] = {"sens": s.per_position.tolist(), "pairs": pairs.tolist()}
     results.final(run, final)
     return model
 
@@ -553,11 +577,13 @@ def train_one(name, attn, seed, args, data, vocab, results):
 
 
 def plot(data, folder):
+    """Sensitivity and accuracies through training (mean over seeds, +-1 std band), and the per-position profiles of
+    the final models in each alignment measured, with how many of the measured pairs reach each position."""
     plt = pyplot()
     groups = {}
     for run, r in data["runs"].items():
         if r["history"]:
-            groups.setdefault(run.rsplit("/", 1)[0], []).append(r)
+            groups.setdefault(model_of(run), []).append(r)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for name, runs in groups.items():
         hists = [r["history"] for r in runs]
@@ -569,31 +595,63 @@ def plot(data, folder):
         ax.set_xlabel("training examples seen")
         ax.legend(fontsize=7)
     paths = [save_figure(fig, f"{folder}/sensitivity.png")]
-    done = {name: [r["final"] for r in runs if r["final"]] for name, runs in groups.items()}
-    if any(done.values()):  # the per-position profile of the final models, mean over seeds
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, finals in done.items():
-            if finals:
-                prof = torch.tensor([[math.nan if v is None else v for v in f["sens_by_position"]]
-                                     for f in finals]).nanmean(0)  # null in the file where no pair reaches
-                right = finals[0]["align"] == "right"
-                pos = torch.arange(len(prof)) - (len(prof) - 1 if right else 0)
-                if "pairs_by_position" in finals[0]:  # drop the rare long tail: positions a quarter of pairs reach
-                    pairs = torch.tensor(finals[0]["pairs_by_position"])
-                    keep = pairs >= pairs.max() / 4
-                    prof, pos = prof[keep], pos[keep]
-                ax.plot(pos, prof, label=name)
-        ax.set_xlabel("position counted from the last token (0)" if right else "position")
-        ax.set_ylabel("sensitivity at that position")
-        ax.legend(fontsize=7)
+    done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
+    aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
+    if aligns:  # Fig. 7 right: the per-position profile of the final models, mean over seeds
+        fig, axes = plt.subplots(1, len(aligns), figsize=(7 * len(aligns), 4), squeeze=False)
+        for ax, align in zip(axes[0], aligns):
+            for name, finals in done.items():
+                profs = [f["profiles"][align] for f in finals if align in f["profiles"]]
+                if not profs:
+                    continue
+                prof = torch.tensor([[math.nan if v is None else v for v in p["sens"]] for p in profs]).nanmean(0)
+                pairs = torch.tensor(profs[0]["pairs"])
+                pos = torch.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
+                keep = pairs >= pairs.max() / 4  # drop the rare long tail: positions under a quarter of the pairs reach
+                ax.plot(pos[keep], prof[keep], label=f"{name} ({len(profs)} seeds)")
+            twin = ax.twinx()
+            twin.plot(pos, pairs, color="gray", linewidth=0.8, linestyle=":")
+            twin.set_ylabel("pairs reaching the position (dotted)", color="gray")
+            ax.set_xlabel("position counted from the last token (0)" if align == "right" else "position from <s> (0)")
+            ax.set_ylabel("sensitivity at that position")
+            ax.set_title(f"{align}-aligned", fontsize=9)
+            ax.legend(fontsize=7)
         paths.append(save_figure(fig, f"{folder}/sensitivity_by_position.png"))
     return paths
 
 
+def paired(runs, models):
+    """Paired differences against the first model of --model (with its first --attn), at the end and at
+    initialisation (common.paired_differences)."""
+    present = list(dict.fromkeys(model_of(run) for run in runs))
+    reference = next((m for m in models if m in present), present[0] if present else None)
+    return {"final": paired_differences(runs, reference, "per_image"),
+            "init": paired_differences(runs, reference, "per_image_init")}
+
+
+def summary(data):
+    """One line per model: its paired difference to the reference at initialisation and at the end, per sigma."""
+    for when in ["init", "final"]:
+        p = data.get("paired", {}).get(when) or {}
+        for name, d in p.get("models", {}).items():
+            parts = [f"sigma {k}: {v['mean']:+.4f} +- {v['stderr']:.4f} ({v['seeds']} seeds)"
+                     for k, v in d["diff"].items()]
+            print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
+
+
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot, "language"), args.plot))
-        return None
+        if len(args.plot) == 1:
+            print("wrote", *plot(load_results(args.plot[0], "language"), args.plot[0]))
+            return None
+        data = merge_results(args.plot, "language")  # a new folder: the sources are never written to
+        data["paired"] = paired(data["runs"], [f"{m}-{a}" if m != "lstm" else m for m in data["args"]["model"]
+                                               for a in data["args"]["attn"]])
+        folder = new_run_dir("language", args.run_name or "combined", args.out_dir)
+        write_json(os.path.join(folder, "metrics.json"), data)
+        summary(data)
+        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
+        return data
     device = setup(args)
     if args.download:
         download(args.task, args.data_dir)
@@ -610,12 +668,16 @@ def main(args):
             "test": [t.to(device) for t in encode(test, tok, args.max_len)]}
     folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}", device)
     print(f"{args.task}: {len(train)} train / {len(test)} test (GLUE validation) pairs, vocabulary {len(tok.itos)}")
+    labels = [f"{m}-{a}" if m != "lstm" else m for m in args.model for a in (["softmax"] if m == "lstm" else args.attn)]
     try:
         with results.recording():
             for name in args.model:
                 for attn in (["softmax"] if name == "lstm" else args.attn):
                     for seed in args.seeds:
                         train_one(name, attn, seed, args, data, len(tok.itos), results)
+            results.data["paired"] = paired(results.data["runs"], labels)
+            results.save()
+            summary(results.data)
     finally:
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", *plot(results.data, folder))

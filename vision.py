@@ -20,9 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, new_run_dir, not_finite, patchify,
-                    plot_curves, predict, pyplot, save_figure, seed_all, sensitivity, setup, start_run, subset_size,
-                    summarise, unpatchify, write_json)
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of, new_run_dir,
+                    not_finite, patchify, plot_curves, predict, pyplot, save_figure, seed_all, sensitivity, setup,
+                    start_run, subset_size, summarise, unpatchify, write_json)
+from common import paired_differences as common_paired
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -628,37 +629,16 @@ def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100):
 # summaries across runs: paired differences, crossover sigmas, sensitivity at matched train accuracy
 
 
-def model_of(run):
-    return run.split("/")[0]
-
-
 def paired_differences(runs):
-    """For every model against the reference (the first ViT, else the first model): at each key measured at the end
-    ("patch:0.1", ...), per seed the mean over images of (model - reference) with its standard error over images
-    (the same images and noise, so the difference is paired), and over seeds their mean and standard error. Also the
-    crossover sigmas where the seed-mean curves of the two models cross (log-interpolated)."""
+    """common.paired_differences against the first ViT (else the first model), plus, for every other model, the
+    crossover sigmas where the seed-mean curves of the two models cross."""
     finals = {run: r["final"] for run, r in runs.items() if r["final"].get("per_image")}
     models = list(dict.fromkeys(model_of(run) for run in finals))
     if len(models) < 2:
         return {}
-    ref = next((m for m in models if m.startswith("vit")), models[0])
-    out = {"reference": ref, "models": {}}
-    for m in models:
-        if m == ref:
-            continue
-        res = {}
-        for key in finals[next(r for r in finals if model_of(r) == m)]["per_image"]:
-            per_seed = {}
-            for run, f in finals.items():
-                other = run.replace(m, ref, 1)
-                if model_of(run) == m and other in finals and key in finals[other]["per_image"]:
-                    d = torch.tensor(f["per_image"][key]) - torch.tensor(finals[other]["per_image"][key])
-                    per_seed[run.split("/")[-1]] = [d.mean().item(), (d.std() / math.sqrt(len(d))).item()]
-            if per_seed:
-                means = torch.tensor([v[0] for v in per_seed.values()])
-                se = (means.std() / math.sqrt(len(means))).item() if len(means) > 1 else math.nan
-                res[key] = {"mean": means.mean().item(), "stderr": se, "seeds": len(means), "per_seed": per_seed}
-        out["models"][m] = {"diff": res, "crossover": crossovers(finals, m, ref)}
+    out = common_paired(runs, next((m for m in models if m.startswith("vit")), models[0]))
+    for m, p in out["models"].items():
+        p["crossover"] = crossovers(finals, m, out["reference"])
     return out
 
 
@@ -949,21 +929,16 @@ def combine(folders):
     """One metrics.json from several vision.py run folders (seeds or models run as separate processes): their runs
     merged and the paired differences recomputed. Folders that differ in the number of training images become a
     data-scale study: the paired differences at each size."""
-    by_size = {}
+    sizes = {}
     for folder in folders:
-        d = load_results(folder, "vision")
-        runs = by_size.setdefault(d.get("data", {}).get("n_train"), {})
-        for run, r in d["runs"].items():
-            if run in runs:
-                raise ValueError(f"{run} is in more than one of the --plot folders ({folder})")
-            runs[run] = r
-    out = {"script": "vision", "sources": list(folders), "args": load_results(folders[0], "vision")["args"]}
-    if len(by_size) == 1:
-        out["runs"] = next(iter(by_size.values()))
+        sizes.setdefault(load_results(folder, "vision").get("data", {}).get("n_train", 0), []).append(folder)
+    if len(sizes) == 1:
+        out = merge_results(folders, "vision")
         out["paired"] = paired_differences(out["runs"])
-    else:
-        out["runs"] = {}
-        out["data_scale"] = {str(n): paired_differences(r) for n, r in sorted(by_size.items())}
+        return out
+    out = {"script": "vision", "sources": list(folders), "args": load_results(folders[0], "vision")["args"], "runs": {}}
+    out["data_scale"] = {str(n): paired_differences(merge_results(group, "vision")["runs"])
+                         for n, group in sorted(sizes.items())}
     return out
 
 
