@@ -560,6 +560,8 @@ def train_one(name, attn, seed, args, data, vocab, results):
         seen += len(idx)
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss",
                                  "majority_share", "step", "examples"]}
+    if args.sens_test:
+        final["sens_test"], final["sens_test_stderr"] = row[f"sens_test@{head}"], row[f"sens_test_stderr@{head}"]
     final["sens_at"] = {key: {"sens": s.mean, "stderr": s.stderr} for key, (s, _) in sens.items()}
     final["per_image"] = {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
     final["per_image_init"] = per_image_init

@@ -158,7 +158,7 @@ def test_end_to_end(tmp_path):
     assert [h["step"] for h in run["history"]] == [0, 2, 4] and [h["examples"] for h in run["history"]] == [0, 10, 20]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_test"]:
         assert isinstance(run["final"][key], float)
-    prof, pairs = run["final"]["sens_by_position"], run["final"]["pairs_by_position"]
+    prof, pairs = run["final"]["profiles"]["right"]["sens"], run["final"]["profiles"]["right"]["pairs"]
     assert len(prof) == len(pairs) <= 24
     assert pairs[-1] == 4 and pairs == sorted(pairs)  # right-aligned: every pair has a last token, few a first
     assert all((p != p) == (n == 0) for p, n in zip(prof, pairs))  # NaN exactly where no measured pair reaches
