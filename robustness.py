@@ -17,7 +17,6 @@ training set, in eval mode with the BatchNorm statistics untouched.
 """
 
 import argparse
-import math
 import os
 import pickle
 import sys
@@ -27,283 +26,9 @@ import torch
 import torch.nn.functional as F
 
 import vision
-from common import (ArgumentParser, check_args, cli, load_results, patchify, plot_curves, pyplot, save_figure,
-                    seed_all, setup, start_run, subset_size, unpatchify)
-
-# -----------------------------------------------------------------------------
-# corruptions: float images in [0, 1], (B, C, H, W), batched on the device. Strength per severity 1..5 from the
-# CIFAR generator of Hendrycks & Dietterich (2019); each function takes the strength itself, so its identity limit
-# (zero noise, contrast 1, ...) is a plain argument.
-
-SEVERITY = {
-    "gaussian_noise": [0.04, 0.06, 0.08, 0.09, 0.10],  # noise std
-    "shot_noise": [500, 250, 100, 75, 50],  # photons per unit intensity (Poisson)
-    "impulse_noise": [0.01, 0.02, 0.03, 0.05, 0.07],  # fraction of salt-and-pepper values
-    "speckle_noise": [0.06, 0.10, 0.12, 0.16, 0.20],  # multiplicative noise std
-    "defocus_blur": [(0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)],  # disk radius, anti-alias sigma
-    "gaussian_blur": [0.4, 0.6, 0.7, 0.8, 1.0],  # sigma
-    "motion_blur": [(6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)],  # length, sigma; random angle in [-45, 45]
-    "zoom_blur": [0.06, 0.11, 0.16, 0.21, 0.26],  # largest zoom - 1, in steps of 0.01
-    "fog": [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)],  # strength, fractal decay
-    "brightness": [0.05, 0.1, 0.15, 0.2, 0.3],  # added to the HSV value
-    "contrast": [0.75, 0.5, 0.4, 0.3, 0.15],  # factor towards the mean
-    "saturate": [(0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)],  # HSV saturation * a + b
-    "pixelate": [0.95, 0.9, 0.85, 0.75, 0.65],  # downscale factor
-    "jpeg_compression": [80, 65, 58, 50, 40],  # JPEG quality
-    "elastic_transform": [(0, 0, 0.08), (0.05, 0.2, 0.07), (0.08, 0.06, 0.06), (0.1, 0.04, 0.05),
-                          (0.1, 0.03, 0.03)],  # displacement, its smoothness, affine jitter; fractions of the size
-}
-
-
-def gaussian_noise(x, c, g):
-    return x + c * torch.randn(x.shape, generator=g, device=x.device)
-
-
-def shot_noise(x, c, g):
-    return torch.poisson(x * c, generator=g) / c
-
-
-def impulse_noise(x, c, g):
-    """Each value independently becomes 0 or 1 (half each) with probability c."""
-    u = torch.rand(x.shape, generator=g, device=x.device)
-    return torch.where(u < c / 2, 0.0, torch.where(u < c, 1.0, x))
-
-
-def speckle_noise(x, c, g):
-    return x + x * c * torch.randn(x.shape, generator=g, device=x.device)
-
-
-def filter2d(x, kernel):
-    """Convolve every channel with one (k, k) kernel, reflecting at the border."""
-    k = kernel.shape[-1]
-    C = x.shape[1]
-    x = F.pad(x, (k // 2,) * 4, mode="reflect") if k // 2 < x.shape[-1] else x
-    return F.conv2d(x, kernel.to(x)[None, None].expand(C, 1, k, k), groups=C)
-
-
-def gaussian_kernel(sigma, radius=None):
-    radius = radius if radius is not None else max(1, math.ceil(4 * sigma))
-    t = torch.arange(-radius, radius + 1, dtype=torch.float32)
-    k = torch.exp(-t**2 / (2 * sigma**2))
-    return torch.outer(k, k) / k.sum() ** 2
-
-
-def gaussian_blur(x, sigma, g):
-    return filter2d(x, gaussian_kernel(sigma))
-
-
-def defocus_blur(x, c, g):
-    """A disk of the given radius on a 17x17 grid, anti-aliased by a 3x3 Gaussian of sigma c[1]."""
-    radius, alias = c
-    t = torch.arange(-8, 9, dtype=torch.float32)
-    disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).float()
-    disk = filter2d((disk / disk.sum())[None, None], gaussian_kernel(alias, radius=1))[0, 0]
-    return filter2d(x, disk)
-
-
-def shift(x, dy, dx):
-    """Bilinear translation of each image by (dy, dx) pixels (per-image tensors), edges clamped."""
-    B, _, H, W = x.shape
-    ys, xs = torch.meshgrid(torch.arange(H, device=x.device), torch.arange(W, device=x.device), indexing="ij")
-    gy = (ys[None] - dy[:, None, None]) / (H - 1) * 2 - 1
-    gx = (xs[None] - dx[:, None, None]) / (W - 1) * 2 - 1
-    return F.grid_sample(x, torch.stack([gx, gy], -1), align_corners=True, padding_mode="border")
-
-
-def motion_blur(x, c, g):
-    """ImageMagick-style one-sided motion blur: Gaussian-weighted copies shifted along a random angle."""
-    length, sigma = c
-    angle = (torch.rand(len(x), generator=g, device=x.device) * 90 - 45) * math.pi / 180
-    out = torch.zeros_like(x)
-    weights = [math.exp(-(d**2) / (2 * sigma**2)) for d in range(length)]
-    for d, w in enumerate(weights):
-        out += w * shift(x, d * torch.sin(angle), d * torch.cos(angle))
-    return out / sum(weights)
-
-
-def zoom(x, factor):
-    """Zoom into the centre by `factor` (bilinear), keeping the size."""
-    H, W = x.shape[-2:]
-    theta = torch.tensor([[1 / factor, 0, 0], [0, 1 / factor, 0]], dtype=x.dtype, device=x.device)
-    grid = F.affine_grid(theta.expand(len(x), 2, 3), list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, align_corners=False)
-
-
-def zoom_blur(x, c, g):
-    factors = torch.arange(1, 1 + c + 1e-9, 0.01).tolist()
-    return (x + sum(zoom(x, z) for z in factors)) / (len(factors) + 1)
-
-
-def plasma_fractal(n, size, decay, g, device):
-    """n diamond-square height maps (n, size, size) in [0, 1]; size a power of two."""
-    m = torch.zeros(n, size, size, device=device)
-    step, wibble = size, 100.0
-
-    def wibbled(a):
-        return a / 4 + wibble * (torch.rand(a.shape, generator=g, device=device) * 2 - 1) * wibble
-
-    while step >= 2:
-        h = step // 2
-        corners = m[:, ::step, ::step]
-        sq = corners + corners.roll(-1, 1)
-        m[:, h::step, h::step] = wibbled(sq + sq.roll(-1, 2))  # squares: centre = mean of 4 corners
-        centres, corners = m[:, h::step, h::step], m[:, ::step, ::step]
-        m[:, ::step, h::step] = wibbled(centres + centres.roll(1, 1) + corners + corners.roll(-1, 2))  # diamonds
-        m[:, h::step, ::step] = wibbled(centres + centres.roll(1, 2) + corners + corners.roll(-1, 1))
-        step, wibble = h, wibble / decay
-    m = m - m.amin((1, 2), keepdim=True)
-    return m / m.amax((1, 2), keepdim=True)
-
-
-def fog(x, c, g):
-    strength, decay = c
-    H, W = x.shape[-2:]
-    size = 1 << max(H, W).bit_length() if max(H, W) & (max(H, W) - 1) else max(H, W)
-    top = x.amax((1, 2, 3), keepdim=True)
-    x = x + strength * plasma_fractal(len(x), size, decay, g, x.device)[:, None, :H, :W]
-    return x * top / (top + strength)
-
-
-def value(x):
-    return x.amax(1, keepdim=True)  # HSV value of RGB (the pixel itself for grey images)
-
-
-def brightness(x, c, g):
-    """Add c to the HSV value with hue and saturation unchanged: RGB scales with the value."""
-    v = value(x)
-    v_new = (v + c).clamp(0, 1)
-    return torch.where(v > 0, x * v_new / v.clamp_min(1e-12), v_new.expand_as(x))
-
-
-def contrast(x, c, g):
-    mean = x.mean((2, 3), keepdim=True)
-    return (x - mean) * c + mean
-
-
-def saturate(x, c, g):
-    """HSV saturation -> s * a + b with hue and value unchanged (grey images have no saturation: unchanged)."""
-    if x.shape[1] == 1:
-        return x
-    a, b = c
-    v = value(x)
-    s = (v - x.amin(1, keepdim=True)) / v.clamp_min(1e-12)
-    s_new = (s * a + b).clamp(0, 1)
-    coloured = v - (v - x) * s_new / s.clamp_min(1e-12)  # each channel keeps its place between min and max
-    grey = v * torch.tensor([1.0, 0.0, 0.0], device=x.device)[None, :, None, None]  # hue 0 (red) for grey pixels
-    grey = v - (v - grey) * s_new
-    return torch.where(s > 0, coloured, grey)
-
-
-def pixelate(x, c, g):
-    """Box-downscale to c times the size, then back up (nearest)."""
-    H, W = x.shape[-2:]
-    small = F.interpolate(x, size=(int(H * c), int(W * c)), mode="area")
-    return F.interpolate(small, size=(H, W), mode="nearest")
-
-
-LUMA_Q = torch.tensor([16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57, 69, 56,
-                       14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113,
-                       92, 49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99.0]).view(8, 8)
-CHROMA_Q = torch.full((8, 8), 99.0)
-CHROMA_Q[:4, :4] = torch.tensor([17, 18, 24, 47, 18, 21, 26, 66, 24, 26, 56, 99, 47, 66, 99, 99.0]).view(4, 4)
-
-
-def dct_matrix():
-    k, n = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
-    m = torch.cos((2 * n + 1) * k * math.pi / 16) * math.sqrt(2 / 8)
-    m[0] /= math.sqrt(2)
-    return m  # orthonormal 8-point DCT-II
-
-
-def jpeg_plane(p, table, quality):
-    """Quantise one plane (B, H, W) in [0, 255] through 8x8 block DCTs with the IJG-scaled table."""
-    scale = 5000 / quality if quality < 50 else 200 - 2 * quality
-    q = ((table * scale + 50) / 100).floor().clamp(1, 255).to(p)
-    B, H, W = p.shape
-    ph, pw = -H % 8, -W % 8
-    p = F.pad(p[:, None], (0, pw, 0, ph), mode="replicate")[:, 0] - 128
-    blocks = p.unfold(1, 8, 8).unfold(2, 8, 8)  # (B, H/8, W/8, 8, 8)
-    d = dct_matrix().to(p)
-    coef = d @ blocks @ d.T
-    blocks = d.T @ ((coef / q).round() * q) @ d
-    out = blocks.permute(0, 1, 3, 2, 4).reshape(B, H + ph, W + pw) + 128
-    return out[:, :H, :W]
-
-
-def jpeg_compression(x, quality, g):
-    """Baseline JPEG of the given quality: YCbCr, 4:2:0 chroma subsampling (PIL's default), 8x8 DCT quantisation."""
-    x = x * 255
-    if x.shape[1] == 1:
-        return jpeg_plane(x[:, 0], LUMA_Q, quality)[:, None] / 255
-    r, gr, b = x.unbind(1)
-    y = 0.299 * r + 0.587 * gr + 0.114 * b
-    cb = 128 - 0.168736 * r - 0.331264 * gr + 0.5 * b
-    cr = 128 + 0.5 * r - 0.418688 * gr - 0.081312 * b
-    y = jpeg_plane(y, LUMA_Q, quality)
-    H, W = x.shape[-2:]
-    chroma = []
-    for ch in (cb, cr):  # subsample 2x2, compress, upsample
-        small = F.avg_pool2d(ch[:, None], 2, ceil_mode=True)[:, 0]
-        small = jpeg_plane(small, CHROMA_Q, quality)
-        chroma.append(F.interpolate(small[:, None], scale_factor=2, mode="nearest")[:, 0, :H, :W])
-    cb, cr = chroma
-    rgb = torch.stack([y + 1.402 * (cr - 128), y - 0.344136 * (cb - 128) - 0.714136 * (cr - 128),
-                       y + 1.772 * (cb - 128)], 1)
-    return rgb / 255
-
-
-def elastic_transform(x, c, g):
-    """A random affine jitter of three points, then a smooth random displacement field (bilinear, reflected)."""
-    B, _, H, W = x.shape
-    disp, smooth, jitter = (v * H for v in c)
-    ys, xs = torch.meshgrid(torch.arange(H, device=x.device, dtype=x.dtype),
-                            torch.arange(W, device=x.device, dtype=x.dtype), indexing="ij")
-    centre, half = torch.tensor([H // 2, W // 2], dtype=x.dtype), min(H, W) // 3
-    src = torch.stack([centre + half, torch.stack([centre[0] + half, centre[1] - half]), centre - half])  # (3, 2)
-    dst = src + (torch.rand(B, 3, 2, generator=g, device=x.device) * 2 - 1).cpu() * jitter
-    ones = torch.ones(3, 1, dtype=x.dtype)
-    M = torch.linalg.solve(torch.cat([dst, ones.expand(B, 3, 1)], -1), src.expand(B, 3, 2)).to(x.device)  # dst->src
-    pts = torch.stack([ys, xs, torch.ones_like(ys)], -1).view(1, -1, 3)  # output pixel -> where to read
-    read = (pts @ M).view(B, H, W, 2)
-    if disp > 0:
-        noise = torch.rand(B, 2, H, W, generator=g, device=x.device) * 2 - 1
-        field = filter2d(noise, gaussian_kernel(smooth, radius=min(math.ceil(3 * smooth), H // 2 - 1))) * disp
-        read = read + field.permute(0, 2, 3, 1)
-    grid = torch.stack([read[..., 1] / (W - 1), read[..., 0] / (H - 1)], -1) * 2 - 1
-    return F.grid_sample(x, grid, align_corners=True, padding_mode="reflection")
-
-
-CORRUPTIONS = {name: globals()[name] for name in SEVERITY}
-
-
-def corrupt(images, name, severity, generator):
-    """uint8 (B, C, H, W) images -> the corrupted uint8 images (rounded, as in the released files)."""
-    x = CORRUPTIONS[name](images.float() / 255, SEVERITY[name][severity - 1], generator)
-    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-def read_release(folder, name, severity, n=None):
-    """The official CIFAR-10-C arrays: <name>.npy (50000, 32, 32, 3) uint8, severity s = rows (s-1)*10000 on."""
-    arrays = []
-    for file in [f"{name}.npy", "labels.npy"]:
-        path = os.path.join(folder, file)
-        try:
-            arrays.append(np.load(path, mmap_mode="r"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no {path}: get CIFAR-10-C from https://zenodo.org/record/2535967, or drop "
-                                    "--cifar10c-dir to generate the corruptions") from None
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{path} is present but not a readable .npy array ({e})") from None
-    x, y = arrays
-    if x.ndim != 4 or len(x) != len(y) or len(x) % 5:
-        raise ValueError(f"{os.path.join(folder, name)}.npy has shape {x.shape} for {len(y)} labels: expected 5 "
-                         "severity blocks of (N, H, W, C) images")
-    per = len(x) // 5
-    subset_size("--n-corrupt", n, per, f"images per severity in {name}.npy")
-    rows = slice((severity - 1) * per, (severity - 1) * per + (n or per))
-    images = torch.from_numpy(np.array(x[rows])).permute(0, 3, 1, 2)  # a copy of the mapped rows, NHWC -> NCHW
-    return images, torch.from_numpy(y[rows].astype(np.int64))
-
+from common import (ArgumentParser, check_args, cli, load_results, merge_results, model_of, new_run_dir, patchify,
+                    plot_curves, pyplot, save_figure, seed_all, setup, start_run, subset_size, unpatchify, write_json)
+from corruptions import EXTRA, SEVERITY, STANDARD, corrupt, load_frost, read_release
 
 # -----------------------------------------------------------------------------
 # training objectives and sharpness
@@ -358,7 +83,66 @@ def sharpness(model, x, std, reps, generator, batch_size=500):
 
 
 # -----------------------------------------------------------------------------
+# corruption accuracy, for any model of [0, 1] images
+
+
+class Normalize(torch.nn.Module):
+    """(x - mean) / std per channel in front of a model, so that it takes [0, 1] images like torchvision's and
+    RobustBench's models; robustness.py's own models (trained on [-1, 1] pixels) are evaluated this way."""
+
+    def __init__(self, mean, std):
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x):
+        return (x - self.mean) / self.std
+
+
+@torch.no_grad()
+def accuracy(model, images, labels, batch_size=500):
+    """Accuracy of a model of [0, 1] float images on uint8 images (eval mode)."""
+    model.eval()
+    correct = sum((model(images[i:i + batch_size].float() / 255).argmax(1) == labels[i:i + batch_size]).sum().item()
+                  for i in range(0, len(images), batch_size))
+    return correct / len(images)
+
+
+def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(STANDARD + EXTRA),
+                         severities=(1, 2, 3, 4, 5), cifar10c_dir=None, n=None, frost_dir=None, seed=0):
+    """Corruption accuracy of `model`, any module of [0, 1] float images (B, C, H, W) -> logits. The corrupted
+    images are read from the official release in cifar10c_dir (its first n images per severity, all by default),
+    or generated here from the clean uint8 `images` (with `labels`; for CIFAR-10 they are the release's source, so
+    pass them with cifar10c_dir too for the clean accuracy). Returns {"clean_acc": on the same images (None without),
+    "corruption_acc": {name: {severity: acc}}, "mean_corruption_acc": over the 15 standard corruptions measured
+    (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured}."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device).manual_seed(seed)
+    out = {"corruption_acc": {}, "clean_acc": None}
+    if images is not None:
+        images, labels = images[:n].to(device), labels[:n].to(device)
+        out["clean_acc"] = accuracy(model, images, labels)
+    for name in corruptions:
+        out["corruption_acc"][name] = {}
+        for s in severities:
+            if cifar10c_dir:
+                x, y = (t.to(device) for t in read_release(cifar10c_dir, name, s, n))
+            else:
+                x, y = torch.cat([corrupt(images[i:i + 2000], name, s, gen, frost_dir)
+                                  for i in range(0, len(images), 2000)]), labels
+            out["corruption_acc"][name][str(s)] = accuracy(model, x, y)
+    for key, names in [("mean_corruption_acc", STANDARD), ("mean_extra_acc", EXTRA)]:
+        accs = [a for c in names if c in out["corruption_acc"] for a in out["corruption_acc"][c].values()]
+        out[key] = float(np.mean(accs)) if accs else None
+    out["standard_measured"] = sum(c in out["corruption_acc"] for c in STANDARD)  # RobustBench's mean needs 15
+    return out
+
+
+# -----------------------------------------------------------------------------
 # the experiment
+
+FIG9 = [("resnet18", "vanilla"), ("densenet121", "vanilla"), ("vit", "vanilla"), ("vit-simple", "vanilla"),
+        ("vit", "augment"), ("vit", "reg")]  # the six models of the paper's Fig. 9
 
 
 def parse_args(argv=None):
@@ -367,8 +151,8 @@ def parse_args(argv=None):
     # what to run
     p.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
                    help="training variants, each applied to every --model")
-    p.add_argument("--paper", action="store_true", help="the paper's six: resnet18, densenet121, vit, vit-simple "
-                   "vanilla, vit + augment, vit + reg (overrides --model and --variants)")
+    p.add_argument("--paper-fig9", action="store_true", help="the paper's six models of Fig. 9: resnet18, "
+                   "densenet121, vit, vit-simple, vit + augment, vit + reg (instead of --model and --variants)")
     p.add_argument("--from-vision", type=str, default=None, help="evaluate the models saved by vision.py "
                    "--save-model in this run folder instead of training (its model and data flags are reused)")
     p.add_argument("--augment-std", type=float, default=0.1, help="std of the Gaussian-noise augmentation")
@@ -376,9 +160,13 @@ def parse_args(argv=None):
     p.add_argument("--reg-std", type=float, default=1.0, help="noise std on the regulariser's patch [author code]")
     # corruptions
     p.add_argument("--cifar10c-dir", type=str, default=None, help="the official CIFAR-10-C release (else generate)")
-    p.add_argument("--corruptions", nargs="+", default=list(SEVERITY), help="corruptions to evaluate")
+    p.add_argument("--frost-dir", type=str, default=None, help="the six frost textures of Hendrycks' generator, to "
+                   "generate frost (not needed with --cifar10c-dir)")
+    p.add_argument("--corruptions", nargs="+", default=None, help="corruptions to evaluate (default: the 15 standard "
+                   "ones and the 4 extras of the release; generated, frost only with --frost-dir)")
     p.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="severities 1..5")
-    p.add_argument("--n-corrupt", type=int, default=2000, help="test images per corruption and severity")
+    p.add_argument("--n-corrupt", type=int, default=None, help="test images per corruption and severity (default: "
+                   "all, the release's 10,000 for CIFAR-10)")
     # sharpness
     p.add_argument("--sharp-std", type=float, default=0.05, help="std of the weight noise [author code]")
     p.add_argument("--sharp-reps", type=int, default=5, help="weight-noise draws [author code]")
@@ -394,8 +182,11 @@ def parse_args(argv=None):
         args = p.parse_args([a for k, v in saved.items() if k in known and k not in skip for a in to_argv(k, v)]
                             + (argv if argv is not None else sys.argv[1:]))
     vision.check_arguments(p, args)
-    if args.paper:
-        args.model, args.variants = ["resnet18", "densenet121", "vit", "vit-simple"], ["vanilla"]
+    if args.corruptions is None:
+        args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
+    if args.paper_fig9:
+        args.model = list(dict.fromkeys(m for m, _ in FIG9))
+        args.variants = list(dict.fromkeys(v for _, v in FIG9))
     bad = [c for c in args.corruptions if c not in SEVERITY]
     if bad:
         p.error(f"unknown corruption {bad[0]!r}; choose from {', '.join(SEVERITY)}")
@@ -414,6 +205,11 @@ def parse_args(argv=None):
         if missing:
             p.error(f"--cifar10c-dir {args.cifar10c_dir}: no {', '.join(missing)} there (get CIFAR-10-C from "
                     "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
+    elif "frost" in args.corruptions:
+        try:
+            load_frost(args.frost_dir)
+        except (FileNotFoundError, ValueError) as e:
+            p.error(f"{e}; or leave frost out of --corruptions")
     return args
 
 
@@ -429,8 +225,8 @@ def to_argv(key, value):
     return [flag] + [str(v) for v in value] if isinstance(value, list) else [flag, str(value)]
 
 
-def evaluate_model(model, args, data, gen, device):
-    """Sensitivity, accuracies, corruption accuracy per corruption and severity, ShOp, ShPred."""
+def evaluate_model(model, args, data, seed):
+    """Sensitivity, accuracies, corruption accuracy per corruption and severity, ShOp, ShPred of a trained model."""
     final = {}
     final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"])
     final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"])
@@ -438,36 +234,61 @@ def evaluate_model(model, args, data, gen, device):
                                       args.sigma[:1], ["patch"], args.sens_seed, args.reps, args.sens_positions)
     sens = next(iter(sens.values()))
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
-    acc = {}
-    for name in args.corruptions:
-        acc[name] = {}
-        for s in args.severities:
-            if args.cifar10c_dir:
-                x, y = read_release(args.cifar10c_dir, name, s, args.n_corrupt)
-                x, y = x.to(device), y.to(device)
-            else:
-                x, y = data["test_x"][: args.n_corrupt], data["test_y"][: args.n_corrupt]
-                x = corrupt(x, name, s, gen)
-            acc[name][str(s)] = vision.evaluate(model, x, y)[1]
-    final["corruption_acc"] = acc
-    final["mean_corruption_acc"] = float(np.mean([a for per in acc.values() for a in per.values()]))
+    channels = data["train_x"].shape[1]
+    on_01 = torch.nn.Sequential(Normalize([0.5] * channels, [0.5] * channels), model)  # vision.normalize's [-1, 1]
+    final.update(evaluate_corruptions(on_01, data["test_x"], data["test_y"], corruptions=args.corruptions,
+                                      severities=args.severities, cifar10c_dir=args.cifar10c_dir, n=args.n_corrupt,
+                                      frost_dir=args.frost_dir, seed=seed))
+    gen = torch.Generator(data["train_x"].device).manual_seed(seed)
     final.update(sharpness(model, vision.normalize(data["train_x"][: args.n_sharp]), args.sharp_std, args.sharp_reps,
                            gen))
     return final
 
 
-def plot(data, folder):
-    """Fig. 9: accuracy per corruption (mean over severities) per model, sensitivity in the legend; and the
-    sensitivity against the mean corruption accuracy."""
-    plt = pyplot()
+def group_finals(data):
+    """{"<model>-<variant>": [final of each seed]} of the runs that were evaluated."""
     groups = {}
     for run, r in data["runs"].items():
         if r["final"].get("corruption_acc"):
-            groups.setdefault(run.rsplit("/", 1)[0], []).append(r["final"])
+            groups.setdefault(model_of(run), []).append(r["final"])
+    return groups
+
+
+def summary(data):
+    """Per model: mean +- s.e. over seeds of the final numbers; and the correlation of sensitivity with mean
+    corruption accuracy over every model and seed (stored in data["correlation"])."""
+    keys = ["train_acc", "test_acc", "sens", "clean_acc", "mean_corruption_acc", "mean_extra_acc", "shop", "shpred"]
+    out = {}
+    for label, finals in group_finals(data).items():
+        out[label] = {"seeds": len(finals)}
+        for k in keys:
+            v = np.array([f[k] for f in finals if f.get(k) is not None], dtype=float)
+            if len(v):
+                out[label][k] = [float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None]
+        print(f"{label} ({len(finals)} seeds) | " + " | ".join(
+            f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
+            ((k, out[label][k]) for k in keys if k in out[label])))
+    pts = [(f["sens"], f["mean_corruption_acc"]) for finals in group_finals(data).values() for f in finals
+           if f.get("mean_corruption_acc") is not None]
+    if len(pts) > 2:
+        pts = np.array(pts).T
+        r = float(np.corrcoef(pts)[0, 1]) if pts.std(1).min() > 0 else None  # undefined if either is constant
+        out["correlation_sens_vs_corruption_acc"] = {"pearson_r": r, "points": pts.shape[1]}
+        print(f"sensitivity vs mean corruption accuracy over {pts.shape[1]} models and seeds: Pearson r = "
+              + (f"{r:+.3f}" if r is not None else "undefined (one of them is constant)"))
+    return out
+
+
+def plot(data, folder):
+    """Fig. 9: accuracy per corruption (mean over severities and seeds) per model, its sensitivity in the legend;
+    sensitivity against mean corruption accuracy (one point per model and seed, and the mean +- s.e. over seeds);
+    sensitivity through training."""
+    plt = pyplot()
+    groups = group_finals(data)
     if not groups:
         return []
     names = list(next(iter(groups.values()))[0]["corruption_acc"])
-    fig, ax = plt.subplots(figsize=(max(8, len(names)), 4))
+    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(names)), 4))
     width = 0.8 / len(groups)
     for i, (label, finals) in enumerate(groups.items()):
         means = [np.mean([np.mean(list(f["corruption_acc"][c].values())) for f in finals]) for c in names]
@@ -478,14 +299,18 @@ def plot(data, folder):
     ax.legend(fontsize=7)
     paths = [save_figure(fig, f"{folder}/corruptions.png")]
     fig, ax = plt.subplots(figsize=(5, 4))
-    for label, finals in groups.items():
-        ax.errorbar(np.mean([f["sens"] for f in finals]), np.mean([f["mean_corruption_acc"] for f in finals]),
-                    xerr=np.mean([f["sens_stderr"] for f in finals]), fmt="o", label=label)
+    for i, (label, finals) in enumerate(groups.items()):
+        s = np.array([f["sens"] for f in finals])
+        a = np.array([f["mean_corruption_acc"] for f in finals], dtype=float)
+        ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
+        se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
+        ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
+                    label=f"{label} ({len(finals)} seeds)")
     ax.set_xlabel("sensitivity (train subset)")
-    ax.set_ylabel("mean corruption accuracy")
+    ax.set_ylabel("mean corruption accuracy (15 standard)")
     ax.legend(fontsize=7)
     paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
-    hists = {label: [r["history"] for run, r in data["runs"].items() if run.startswith(label + "/") and r["history"]]
+    hists = {label: [r["history"] for run, r in data["runs"].items() if model_of(run) == label and r["history"]]
              for label in groups}
     if any(hists.values()):
         fig, ax = plt.subplots(figsize=(5, 4))
@@ -501,21 +326,33 @@ def plot(data, folder):
 
 def main(args):
     if args.plot:
-        print("wrote", *plot(load_results(args.plot, "robustness"), args.plot))
-        return None
+        if len(args.plot) == 1:
+            data = load_results(args.plot[0], "robustness")
+            summary(data)
+            print("wrote", *plot(data, args.plot[0]))
+            return None
+        data = merge_results(args.plot, "robustness")  # a new folder: the sources are never written to
+        data["summary"] = summary(data)
+        folder = new_run_dir("robustness", args.run_name or "combined", args.out_dir)
+        write_json(os.path.join(folder, "metrics.json"), data)
+        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
+        return data
     device = setup(args)
     data = vision.prepare_data(args, device)  # the same subsets as vision.py; before the run folder
     if not args.cifar10c_dir:
         subset_size("--n-corrupt", args.n_corrupt, len(data["test_x"]), "test images (--n-test)")
     subset_size("--n-sharp", args.n_sharp, len(data["train_x"]), "training images (--n-train)")
-    name = "from-vision" if args.from_vision else f"{args.dataset}-{'-'.join(args.model)}"
+    name = "from-vision" if args.from_vision else "fig9" if args.paper_fig9 else \
+        f"{args.dataset}-{'-'.join(args.model)}"
     folder, results = start_run("robustness", args, name, device)
+    if len([c for c in STANDARD if c in args.corruptions]) < len(STANDARD):
+        print(f"note: mean_corruption_acc is over {sum(c in args.corruptions for c in STANDARD)} of the 15 standard "
+              "corruptions" + ("" if "frost" in args.corruptions else " (frost needs --frost-dir)"))
     shape = vision.DATASETS[args.dataset][:3]
     if args.from_vision:
         jobs = [(m, "vanilla", s) for m in args.model for s in args.seeds]
-    elif args.paper:
-        jobs = [(m, "vanilla", s) for m in args.model for s in args.seeds]
-        jobs += [("vit", v, s) for v in ["augment", "reg"] for s in args.seeds]
+    elif args.paper_fig9:
+        jobs = [(m, v, s) for m, v in FIG9 for s in args.seeds]
     else:
         jobs = [(m, v, s) for m in args.model for v in args.variants for s in args.seeds]
     try:
@@ -538,12 +375,14 @@ def main(args):
                                              loss_fn=make_loss(variant, args, gen))
                     if model is None:  # diverged: marked in metrics.json, nothing to measure
                         continue
-                final = evaluate_model(model, args, data, gen, device)
+                final = evaluate_model(model, args, data, seed)
                 results.final(run, final)
                 print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
                       f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "
                       f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} +- {final['shop_stderr']:.4f} "
                       f"| ShPred {final['shpred']:.4f} +- {final['shpred_stderr']:.4f}")
+            results.data["summary"] = summary(results.data)
+            results.save()
     finally:
         paths = plot(results.data, folder)
         if paths:

@@ -1,0 +1,191 @@
+"""corruptions.py: the generated corruptions of CIFAR-10-C (shape, dtype, change; strength growing with what each
+severity controls; identity limits; closed forms where there is one) and the reader of the official release."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import corruptions as C
+
+
+@pytest.fixture
+def frost_dir(tmp_path):
+    """Six stand-in frost textures (random colours) under the release's file names."""
+    rng = np.random.default_rng(0)
+    for name in C.FROST_FILES:
+        Image.fromarray((rng.random((200, 240, 3)) * 255).astype(np.uint8)).save(tmp_path / name)
+    return str(tmp_path)
+
+
+# the release's constants are monotone in pixel change for these; the others are checked by what severity controls
+MONOTONE = [c for c in C.SEVERITY if c not in ("saturate", "pixelate", "elastic_transform", "glass_blur", "snow",
+                                                "spatter", "frost")]
+
+
+def smooth_images(n, c, s, seed=1):
+    """Image-like uint8 inputs: random colours at 1/4 resolution, upsampled bilinearly."""
+    z = torch.rand(n, c, s // 4, s // 4, generator=torch.Generator().manual_seed(seed))
+    return (F.interpolate(z, size=(s, s), mode="bilinear", align_corners=False) * 255).round().to(torch.uint8)
+
+
+def change(a, b):
+    return (a.float() - b.float()).abs().mean().item()
+
+
+@pytest.mark.parametrize("shape", [(3, 32), (1, 28)])
+@pytest.mark.parametrize("name", list(C.SEVERITY))
+def test_corruptions_keep_shape_dtype_range(name, shape, frost_dir):
+    """All 19 corruptions of the release, on colour 32x32 and grey 28x28 images, at every severity: uint8 out, the
+    same shape, and an actual change."""
+    x = smooth_images(6, *shape)
+    for s in range(1, 6):
+        y = C.corrupt(x, name, s, torch.Generator().manual_seed(s), frost_dir)
+        assert y.shape == x.shape and y.dtype == torch.uint8
+        assert name == "saturate" and shape[0] == 1 or not torch.equal(y, x)  # grey saturate: the identity
+
+
+@pytest.mark.parametrize("name", MONOTONE)
+def test_strength_grows_with_severity(name):
+    """Mean pixel change from the clean image grows with the severity (small tolerance for random draws)."""
+    x = smooth_images(64, 3, 32)
+    d = [change(C.corrupt(x, name, s, torch.Generator().manual_seed(0)), x) for s in range(1, 6)]
+    assert all(b >= a - 0.3 for a, b in zip(d, d[1:])), d
+    assert d[-1] > d[0] + 1, d
+
+
+def test_severity_of_the_three_non_monotone_corruptions():
+    """Saturate: severities 1-2 desaturate, 3-5 oversaturate. Pixelate: the effective resolution falls. Elastic: with
+    the affine jitter removed, the local displacement grows (the release trades jitter for local distortion)."""
+    x = smooth_images(32, 3, 32).float() / 255
+    sat = lambda img: ((img.amax(1) - img.amin(1)) / img.amax(1).clamp_min(1e-6)).mean().item()  # noqa: E731
+    s0 = sat(x)
+    sats = [sat(C.saturate(x, C.SEVERITY["saturate"][s - 1], None)) for s in range(1, 6)]
+    assert sats[0] < s0 and sats[1] < sats[0] and all(v > s0 for v in sats[2:])
+    distinct = [len(torch.unique(C.pixelate(x, c, None)[0, 0, 0])) for c in C.SEVERITY["pixelate"]]
+    assert distinct == sorted(distinct, reverse=True) and distinct[-1] <= int(32 * 0.65)
+    local = [change(C.elastic_transform(x, (d, sm, 0.0), torch.Generator().manual_seed(0)), x)
+             for d, sm, _ in C.SEVERITY["elastic_transform"][1:]]
+    assert local == sorted(local) and local[-1] > local[0]
+
+
+@pytest.mark.parametrize("name,identity", [("gaussian_noise", 0.0), ("speckle_noise", 0.0), ("impulse_noise", 0.0),
+                                           ("contrast", 1.0), ("brightness", 0.0), ("saturate", (1.0, 0.0)),
+                                           ("pixelate", 1.0), ("zoom_blur", 1.0), ("fog", (0.0, 2.0)),
+                                           ("motion_blur", (1, 1.0)), ("elastic_transform", (0.0, 0.0, 0.0)),
+                                           ("snow", (0.0, 0.1, 1, 5.0, 8, 3, 1.0)),
+                                           ("spatter", (-5.0, 0.1, 0.7, 0.7, 0.5, 0)),
+                                           ("spatter", (-5.0, 0.1, 0.7, 0.7, 0.5, 1))])
+def test_zero_strength_leaves_the_image_unchanged(name, identity):
+    x = smooth_images(8, 3, 32).float() / 255
+    y = C.CORRUPTIONS[name](x, identity, torch.Generator().manual_seed(0))
+    assert torch.allclose(y, x, atol=1e-5), (y - x).abs().max()
+
+
+def test_jpeg_at_quality_100_is_nearly_lossless_and_degrades():
+    """Luminance at quality 100 (all quantisation steps 1) is nearly lossless; colour also loses the 4:2:0
+    subsampled chroma; lower quality loses more."""
+    grey = smooth_images(8, 1, 32).float() / 255
+    assert (C.jpeg_compression(grey, 100, None) - grey).abs().mean() < 1 / 255
+    x = smooth_images(8, 3, 32).float() / 255
+    errors = [(C.jpeg_compression(x, q, None) - x).abs().mean().item() for q in [100, 80, 40, 10]]
+    assert errors == sorted(errors)
+
+
+def test_reader_of_the_official_release(tmp_path):
+    """A fake release: <name>.npy (5 * 4, 32, 32, 3) and labels.npy; severity s is the s-th block of 4 rows."""
+    x = np.arange(5 * 4 * 32 * 32 * 3, dtype=np.int64).reshape(20, 32, 32, 3) % 251
+    np.save(tmp_path / "fog.npy", x.astype(np.uint8))
+    np.save(tmp_path / "labels.npy", np.arange(20, dtype=np.uint8) % 10)
+    images, labels = C.read_release(str(tmp_path), "fog", 3)
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
+    assert torch.equal(images, torch.from_numpy(x[8:12].astype(np.uint8)).permute(0, 3, 1, 2))
+    assert labels.tolist() == [8, 9, 0, 1]
+    assert C.read_release(str(tmp_path), "fog", 5, n=2)[0].shape[0] == 2
+    with pytest.raises(FileNotFoundError, match="zenodo"):
+        C.read_release(str(tmp_path), "snow", 1)
+
+
+
+
+def test_zoom_blur_uses_the_reference_zoom_factors(monkeypatch):
+    """np.arange(1, c, 0.01) as in make_cifar_c.py: 7, 12, 16, 21 and 26 zooms (not one more at severities 3-5)."""
+    counts = []
+    real = C.zoom
+
+    def counting(x, factor):
+        counts[-1] += 1
+        return real(x, factor)
+
+    monkeypatch.setattr(C, "zoom", counting)
+    x = smooth_images(2, 3, 32)
+    for s in range(1, 6):
+        counts.append(0)
+        C.corrupt(x, "zoom_blur", s, None)
+    assert counts == [7, 12, 16, 21, 26]
+
+
+def test_glass_blur_shuffles_locally_and_more_with_two_passes():
+    """Without the blur, glass blur only swaps pixels with neighbours: the multiset of values of an image is kept;
+    the second pass (severities 4-5) moves more pixels than one; a larger sigma smooths more."""
+    x = (torch.rand(8, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 255).round() / 255
+    one = C.glass_blur(x, (1e-3, 1, 1), torch.Generator().manual_seed(1))
+    two = C.glass_blur(x, (1e-3, 1, 2), torch.Generator().manual_seed(1))
+    for y in [one, two]:
+        assert torch.equal(torch.sort(y.flatten(1) * 255).values.round(), torch.sort(x.flatten(1) * 255).values.round())
+    assert (two != x).float().mean() > (one != x).float().mean() > 0.3
+    tv = lambda y: (y[..., 1:, :] - y[..., :-1, :]).abs().mean()  # noqa: E731
+    assert tv(C.glass_blur(x, (0.4, 1, 1), torch.Generator().manual_seed(1))) < \
+        tv(C.glass_blur(x, (0.05, 1, 1), torch.Generator().manual_seed(1)))
+
+
+def test_snow_spatter_frost_strength_follows_their_severity(frost_dir):
+    """Snow: more and longer flakes lighten the image more from severity 1 to 2, 4 and 5. Spatter: water (1-3) only
+    adds light, mud (4-5) changes more, and severity 5 most. Frost: the image's weight falls and the frost's rises."""
+    x = smooth_images(64, 3, 32)
+    lighter = [(C.corrupt(x, "snow", s, torch.Generator().manual_seed(0)).float() - x.float()).mean().item()
+               for s in range(1, 6)]
+    assert lighter[0] < lighter[1] < lighter[3] < lighter[4] and lighter[0] > 0
+    spat = [C.corrupt(x, "spatter", s, torch.Generator().manual_seed(0)) for s in range(1, 6)]
+    assert all((y.int() >= x.int() - 1).all() for y in spat[:3])  # water adds pale turquoise (up to rounding)
+    d = [change(y, x) for y in spat]
+    assert max(d[:3]) < d[3] < d[4] and d[0] > 0
+    weights = C.SEVERITY["frost"]
+    assert [a for a, _ in weights] == sorted([a for a, _ in weights], reverse=True)
+    assert [b for _, b in weights] == sorted(b for _, b in weights)
+
+
+def test_frost_is_the_weighted_sum_with_the_texture(tmp_path):
+    """With white textures, frost is exactly clip(a x + b * 1) on [0, 1] values; grey images get the texture's
+    luminance; without the textures, a message says where they are."""
+    for name in C.FROST_FILES:
+        Image.new("RGB", (200, 240), (255, 255, 255)).save(tmp_path / name)
+    x = smooth_images(4, 3, 32)
+    for s, (a, b) in enumerate(C.SEVERITY["frost"], start=1):
+        y = C.corrupt(x, "frost", s, torch.Generator().manual_seed(0), str(tmp_path))
+        assert torch.equal(y, ((x.float() / 255 * a + b).clamp(0, 1) * 255).round().to(torch.uint8))
+    assert C.corrupt(smooth_images(2, 1, 28), "frost", 3, torch.Generator().manual_seed(0), str(tmp_path)).shape == \
+        (2, 1, 28, 28)
+    with pytest.raises(FileNotFoundError, match="frost1.png.*hendrycks/robustness"):
+        C.corrupt(x, "frost", 1, None, str(tmp_path / "nowhere"))
+
+
+def test_reader_takes_all_19_corruptions_of_a_fake_release(tmp_path):
+    """A fake release of the 19 files (5 severities x 4 images) and labels.npy: each is read, severity s is the s-th
+    block; a truncated .npy is named as such."""
+    labels = np.arange(20, dtype=np.uint8) % 10
+    np.save(tmp_path / "labels.npy", labels)
+    assert len(C.STANDARD) == 15 and len(C.EXTRA) == 4 and set(C.STANDARD + C.EXTRA) == set(C.SEVERITY)
+    for k, name in enumerate(C.STANDARD + C.EXTRA):
+        np.save(tmp_path / f"{name}.npy", ((np.arange(20 * 32 * 32 * 3) + k) % 251).astype(np.uint8).reshape(20, 32,
+                                                                                                             32, 3))
+    for k, name in enumerate(C.STANDARD + C.EXTRA):
+        x, y = C.read_release(str(tmp_path), name, 4)
+        full = ((np.arange(20 * 32 * 32 * 3) + k) % 251).astype(np.uint8).reshape(20, 32, 32, 3)
+        assert torch.equal(x, torch.from_numpy(full[12:16]).permute(0, 3, 1, 2)) and y.tolist() == [2, 3, 4, 5]
+    (tmp_path / "fog.npy").write_bytes((tmp_path / "fog.npy").read_bytes()[:500])
+    with pytest.raises(ValueError, match="fog.npy is present but not a readable"):
+        C.read_release(str(tmp_path), "fog", 1)
+    with pytest.raises(ValueError, match="--n-corrupt 5 asks for more than the 4"):
+        C.read_release(str(tmp_path), "snow", 1, n=5)
