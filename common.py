@@ -16,9 +16,11 @@ the device, so memory is bounded by one chunk and the loop never waits for the h
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -331,27 +333,33 @@ def subset_size(flag, n, available, what):
 def cli(main, parse_args, argv=None):
     """Run a script's main as a command. Expected failures become one line on stderr and an exit code instead of a
     traceback: bad input, a missing or corrupt file, no CUDA (2); a diverged run, whose metrics.json says so (3);
-    Ctrl-C, after which metrics.json keeps what was measured and says "interrupted": true (130)."""
+    Ctrl-C, after which metrics.json keeps what was measured and says "interrupted": true (130). Under torchrun the
+    process group is left at the end, and rank 0 alone reports a divergence or an interruption."""
     script = os.path.basename(sys.modules[main.__module__].__file__)
+    code, message = 0, None
     try:
         data = main(parse_args(argv))
+        diverged = [run for run, r in (data or {}).get("runs", {}).items() if r.get("diverged")]
+        if diverged:
+            code, message = 3, f"{len(diverged)} run(s) diverged ({', '.join(diverged)}); metrics.json marks them"
     except KeyboardInterrupt as e:
-        where = f"; {e.args[0]} keeps every evaluation so far" if e.args else ""
-        print(f"{script}: interrupted{where}", file=sys.stderr)
-        sys.exit(130)
+        code, message = 130, "interrupted" + (f"; {e.args[0]} keeps every evaluation so far, and the folder's "
+                                              "checkpoint.pt what --resume continues from" if e.args else "")
     except torch.OutOfMemoryError:
-        print(f"{script}: out of memory; lower --batch-size (or the estimator's chunk)", file=sys.stderr)
-        sys.exit(2)
+        code, message = 2, "out of memory; lower --batch-size (or the estimator's chunk)"
     except (ValueError, OSError, EOFError) as e:
         if isinstance(e, OSError) and e.filename is not None and e.strerror:
             e = f"{e.strerror}: {e.filename}"
-        print(f"{script}: {e}", file=sys.stderr)
-        sys.exit(2)
-    diverged = [run for run, r in (data or {}).get("runs", {}).items() if r.get("diverged")]
-    if diverged:
-        print(f"{script}: {len(diverged)} run(s) diverged ({', '.join(diverged)}); metrics.json marks them",
-              file=sys.stderr)
-        sys.exit(3)
+        print(f"{script}: {e}", file=sys.stderr)  # every rank: the error may be its own
+        code = 2
+    finally:
+        rank = ranks()[0]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if message and rank == 0:
+        print(f"{script}: {message}", file=sys.stderr)
+    if code:
+        sys.exit(code)
 
 
 def strict_json(obj):
@@ -414,19 +422,99 @@ def environment(device):
 
 
 def setup(args):
-    """What every script's main does first: the thread policy (--threads), then the device (--device)."""
+    """What every script's main does first: the thread policy (--threads), then the device (--device). Under torchrun
+    (several processes) it also joins the process group: nccl with one GPU per process (LOCAL_RANK) on CUDA, gloo on
+    a CPU; the other ranks' stdout is silenced, so that rank 0 alone prints."""
     set_threads(args.threads)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        if cuda:  # one GPU per process; never set on a CPU run (gloo has no device to set)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+        if torch.distributed.get_rank() > 0:
+            sys.stdout = open(os.devnull, "w")
+        if cuda:
+            return torch.device("cuda", torch.cuda.current_device())
     return get_device(args.device)
+
+
+def ranks():
+    """(rank, number of processes): (0, 1) outside torchrun."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def all_sum(*values):
+    """The sums over ranks of some numbers (floats); themselves outside torchrun."""
+    rank, world = ranks()
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(t)
+    return tuple(t.tolist())
+
+
+def resumed_args(args, script):
+    """For --resume FOLDER: the arguments that run was started with, except --resume, --threads and --device, which
+    come from this command. The run continues with what it was doing, in that folder."""
+    saved = load_results(args.resume, script)["args"]
+    keep = {"resume": args.resume, "threads": args.threads, "device": args.device, "plot": None}
+    return argparse.Namespace(**{**saved, **keep})
 
 
 def start_run(script, args, default_name, device):
     """A fresh out/<script>/<run> folder and its metrics.json, after the data are in place (so a missing dataset
-    leaves no empty run folder)."""
-    folder = new_run_dir(script, args.run_name or default_name, args.out_dir)
-    results = Results(folder, script, vars(args), device)
+    leaves no empty run folder); with --resume, the run folder given, its metrics and checkpoint. Under torchrun rank
+    0 alone creates the folder and writes in it, and every rank gets its path."""
+    rank, world = ranks()
+    folder = None
+    if rank == 0:
+        folder = args.resume or new_run_dir(script, args.run_name or default_name, args.out_dir)
+    if world > 1:
+        box = [folder]
+        torch.distributed.broadcast_object_list(box, src=0)
+        folder = box[0]
+    results = Results(folder, script, vars(args), device, write=rank == 0, resume=bool(args.resume))
     threads = torch.get_num_threads()
-    print(f"writing {folder} | device {device} | {threads} thread{'s' if threads > 1 else ''}")
+    print(f"{'resuming' if args.resume else 'writing'} {folder} | device {device} | {threads} thread"
+          f"{'s' if threads > 1 else ''}" + (f" | {world} processes" if world > 1 else ""))
     return folder, results
+
+
+# -----------------------------------------------------------------------------
+# the state of a training run, for --resume
+
+
+def rng_state(generators=()):
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "generators": [g.get_state() for g in generators]}
+
+
+def set_rng_state(state, generators=()):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s)
+
+
+def snapshot(step, model, opt, generators=(), **extra):
+    """A copy of the training state after `step` steps of the loop (its own unit): model, optimizer, every random
+    generator that training draws from (Python, NumPy, torch's, CUDA's and the given ones), and `extra` tensors."""
+    return {"step": step, "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(opt.state_dict()), "rng": rng_state(generators), **extra}
+
+
+def restore(snap, model, opt, generators=()):
+    """Put a snapshot back: training then continues exactly as the interrupted run would have."""
+    model.load_state_dict(snap["model"])
+    opt.load_state_dict(snap["optimizer"])
+    set_rng_state(snap["rng"], generators)
+    return snap["step"]
 
 
 DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
@@ -436,12 +524,29 @@ class Results:
     """The metrics.json every script writes, saved atomically after every change so Ctrl-C loses nothing:
     {"script": ..., "args": {...}, "env": {...}, "runs": {"<model>/seed<k>": {"history": [{...}], "final": {...}}}}
     A run whose loss became non-finite holds "diverged": {"step": ..., "loss": null}; an interrupted invocation
-    holds "interrupted": true."""
+    holds "interrupted": true. Beside it, checkpoint.pt holds the latest training state (see checkpoint()).
+    write=False (torchrun ranks other than 0) keeps everything in memory only; resume=True reads the folder's
+    metrics.json and checkpoint.pt and continues them."""
 
-    def __init__(self, run_dir, script, args, device):
+    def __init__(self, run_dir, script, args, device, write=True, resume=False):
+        self.folder, self.write = run_dir, write
         self.path = os.path.join(run_dir, "metrics.json")
-        self.data = {"script": script, "args": dict(args), "env": environment(device), "runs": {}}
         self.first_loss = {}  # run -> its first logged training loss, for diverged()
+        self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
+        self.resume_point = None
+        if resume:
+            self.data = load_results(self.path, script)
+            self.data.pop("interrupted", None)
+            self.data.setdefault("resumed", []).append(environment(device))
+            ckpt = os.path.join(run_dir, "checkpoint.pt")
+            if os.path.exists(ckpt):
+                try:
+                    saved = torch.load(ckpt, map_location=device, weights_only=False)
+                    self.resume_point = saved["run"], saved["state"]
+                except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as e:
+                    raise ValueError(f"{ckpt} is not a readable checkpoint ({e})") from None
+        else:
+            self.data = {"script": script, "args": dict(args), "env": environment(device), "runs": {}}
         self.save()
 
     def _run(self, run):
@@ -454,6 +559,38 @@ class Results:
     def final(self, run, values):
         self._run(run)["final"].update(values)
         self.save()
+
+    def finished(self, run, key=None):
+        """Whether a resumed run already has its final numbers (final[key] when given) or diverged: it is not trained
+        again."""
+        r = self.data["runs"].get(run, {})
+        return bool(r.get("diverged") or (key in r.get("final", {}) if key else r.get("final")))
+
+    def resume(self, run, key):
+        """The checkpoint's snapshot if it belongs to `run` (else None, and the run starts afresh). The run's history
+        rows from that step on (`key`: the history's loop unit) are dropped: they are measured again."""
+        if self.resume_point is None or self.resume_point[0] != run:
+            self._run(run)["history"] = []
+            return None
+        snap = self.resume_point[1]
+        history = self._run(run)["history"] = [h for h in self._run(run)["history"] if h[key] < snap["step"]]
+        if history:  # the divergence limit keeps referring to the run's first loss
+            self.first_loss[run] = history[0]["train_loss"]
+        return snap
+
+    def checkpoint(self, run, snap, write):
+        """Keep `snap` as the latest training state, and write it to checkpoint.pt now if `write` (every
+        --save-every): atomically, a temp file renamed. Ctrl-C inside recording() writes the latest one."""
+        self.latest = (run, snap)
+        if write:
+            self.write_checkpoint()
+
+    def write_checkpoint(self):
+        if self.latest is None or not self.write:
+            return
+        path = os.path.join(self.folder, "checkpoint.pt")
+        torch.save({"run": self.latest[0], "state": self.latest[1]}, path + ".tmp")
+        os.replace(path + ".tmp", path)
 
     def diverged(self, run, step, loss, unit="step"):
         """Whether the training `loss` (a float) shows the run diverged: non-finite, or above DIVERGED_FACTOR times
@@ -468,22 +605,26 @@ class Results:
         self._run(run)["diverged"] = {"step": step, "loss": loss}
         self.save()
         why = "not finite" if not math.isfinite(loss) else f"over {DIVERGED_FACTOR}x the initial {first:.3g}"
-        print(f"{run} diverged at {unit} {step} (training loss {loss:.4g}: {why}): stopped, no sensitivity "
-              "reported; lower --lr", file=sys.stderr)
+        if self.write:
+            print(f"{run} diverged at {unit} {step} (training loss {loss:.4g}: {why}): stopped, no sensitivity "
+                  "reported; lower --lr", file=sys.stderr)
         return True
 
     @contextlib.contextmanager
     def recording(self):
-        """Ctrl-C inside marks metrics.json "interrupted": true before it propagates (cli() then exits 130)."""
+        """Ctrl-C inside marks metrics.json "interrupted": true and writes the latest training state to
+        checkpoint.pt before it propagates (cli() then exits 130); `--resume <folder>` continues from there."""
         try:
             yield self
         except KeyboardInterrupt:
             self.data["interrupted"] = True
             self.save()
+            self.write_checkpoint()
             raise KeyboardInterrupt(self.path) from None
 
     def save(self):
-        write_json(self.path, self.data)
+        if self.write:
+            write_json(self.path, self.data)
 
 
 def model_of(run):

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, save_figure, seed_all,
-                    sensitivity, setup, start_run)
+from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, restore, resumed_args,
+                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
 
 
 def parse_args(argv=None):
@@ -49,7 +49,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/grokking/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: p<p>")
-    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint every this many epochs (0: never)")
+    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
+                   "this many epochs (0: only when Ctrl-C stops the run)")
+    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
     args = p.parse_args(argv)
     check_args(p, args, positive=["dim", "heads", "mlp_dim", "epochs", "reps", "eval_every", "lr"],
@@ -64,6 +67,8 @@ def parse_args(argv=None):
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
     if args.plot and not os.path.exists(args.plot):
         p.error(f"--plot {args.plot}: no such run folder or metrics.json")
+    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
     return args
 
 
@@ -183,10 +188,17 @@ def train_one(args, seed, data, results, folder, device):
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
     run = f"p{args.p}/seed{seed}"
+    if results.finished(run):
+        return None
+    start = restore(snap, model, opt) if (snap := results.resume(run, "epoch")) else 0
     x, y = tokens[train], labels[train]
     t0 = time.time()
-    for epoch in range(args.epochs + 1):
-        if epoch % args.eval_every == 0 or epoch == args.epochs:
+    for epoch in range(start, args.epochs + 1):
+        evaluating = epoch % args.eval_every == 0 or epoch == args.epochs
+        saving = args.save_every and epoch % args.save_every == 0
+        if evaluating or saving:  # the state after `epoch` steps: Ctrl-C writes it, --save-every now
+            results.checkpoint(run, snapshot(epoch, model, opt), write=saving)
+        if evaluating:
             row = {"epoch": epoch, **evaluate(model, tokens, labels, train)}
             if results.diverged(run, epoch, row["train_loss"], "epoch"):
                 return None
@@ -195,8 +207,6 @@ def train_one(args, seed, data, results, folder, device):
             print(f"{run} epoch {epoch:6d} | train loss {row['train_loss']:.2e} acc {row['train_acc']:.3f} | test "
                   f"loss {row['test_loss']:.2e} acc {row['test_acc']:.3f} | sens {row['sens']:.4f} joint "
                   f"{row['sens_joint']:.4f} | |w| {row['weight_norm']:.1f} | {row['time']:.0f}s")
-        if args.save_every and epoch % args.save_every == 0:
-            torch.save(model.state_dict(), os.path.join(folder, f"seed{seed}-epoch{epoch}.pt"))
         if epoch == args.epochs:
             break
         loss = loss_fn(model(x), y)
@@ -247,6 +257,8 @@ def main(args):
         print("wrote", plot(load_results(args.plot, "grokking"), args.plot))
         return None
     device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "grokking")
     data = [t.to(device) for t in make_data(args.p, args.frac_train, args.data_seed)]
     folder, results = start_run("grokking", args, f"p{args.p}", device)
     try:

@@ -28,9 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of, new_run_dir,
-                    paired_differences, plot_curves, pyplot, save_figure, seed_all, sensitivity, setup, start_run,
-                    subset_size, write_json)
+from common import (ArgumentParser, all_sum, check_args, cli, gaussian, load_results, merge_results, model_of,
+                    new_run_dir, paired_differences, plot_curves, pyplot, ranks, restore, resumed_args, save_figure,
+                    seed_all, sensitivity, setup, snapshot, start_run, subset_size, write_json)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -93,13 +93,19 @@ def parse_args(argv=None):
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/language/<run-name>/")
+    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
+                   "this many steps (0: only when Ctrl-C stops the run)")
+    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
     p.add_argument("--run-name", type=str, default=None, help="default: <task>-<models>")
     p.add_argument("--plot", type=str, nargs="+", default=None, help="only redraw the figures of this run folder; "
                    "several folders (seeds or models run apart) are combined into a new one")
     args = p.parse_args(argv)
     check_args(p, args, positive=["vocab_size", "depth", "dim", "heads", "dim_head", "mlp_dim", "batch_size", "reps",
                                   "n_sens", "eval_every", "n_train", "n_test", "sens_positions", "epochs", "lr"],
-               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "sens_seed", "threads"])
+               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "sens_seed", "threads", "save_every"])
+    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
     if args.dim % args.heads and args.dim_head is None:
@@ -459,15 +465,19 @@ def trim(tokens):
 @torch.no_grad()
 def evaluate(model, tokens, labels, batch_size=256):
     """(mean cross-entropy, accuracy, share of the pairs given the most frequent predicted class) in eval mode; a
-    share of 1.0 is a constant classifier, whose sensitivity is 0 whatever the noise."""
+    share of 1.0 is a constant classifier, whose sensitivity is 0 whatever the noise. Under torchrun each rank takes
+    a slice of the pairs and the sums are added up."""
     model.eval()
-    loss, preds = 0.0, []
-    for i in range(0, len(tokens), batch_size):
-        out = model(trim(tokens[i:i + batch_size]))
-        loss += F.cross_entropy(out, labels[i:i + batch_size], reduction="sum").item()
-        preds.append(out.argmax(1))
-    preds = torch.cat(preds)
-    return loss / len(tokens), (preds == labels).float().mean().item(), preds.bincount().max().item() / len(preds)
+    rank, world = ranks()
+    loss = correct = 0.0
+    counts = torch.zeros(2, dtype=torch.long, device=tokens.device)
+    for idx in torch.arange(len(tokens), device=tokens.device).tensor_split(world)[rank].split(batch_size):
+        out = model(trim(tokens[idx]))
+        loss += F.cross_entropy(out, labels[idx], reduction="sum").item()
+        correct += (out.argmax(1) == labels[idx]).sum().item()
+        counts += out.argmax(1).bincount(minlength=2)
+    loss, correct, *counts = all_sum(loss, correct, *counts.tolist())
+    return loss / len(tokens), correct / len(tokens), max(counts) / len(tokens)
 
 
 @torch.no_grad()
@@ -512,9 +522,12 @@ def sensitivities(model, tokens, args, align):
 
 
 def train_one(name, attn, seed, args, data, vocab, results):
-    """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Returns
-    the model, or None if its loss diverged (metrics.json then marks the run)."""
+    """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Under
+    torchrun every rank draws the same batches and trains on its slice of each. Returns the model, or None if its
+    loss diverged (metrics.json then marks the run) or if a resumed run had already finished."""
     run = f"{name}{'' if name == 'lstm' else '-' + attn}/seed{seed}"
+    if results.finished(run):
+        return None
     seed_all(seed)
     device = data["train"][0].device
     model = build_model(name, attn, vocab, args).to(device)
@@ -525,9 +538,22 @@ def train_one(name, attn, seed, args, data, vocab, results):
     steps_per_epoch = math.ceil(len(x) / args.batch_size)
     num_steps = max(1, round(args.epochs * steps_per_epoch))
     head = f"{args.sigma[0]:g}"
-    seen, t0, per_image_init = 0, time.time(), None
-    for step in range(num_steps + 1):
-        if step % args.eval_every == 0 or step == num_steps:
+    start, seen, perm, per_image_init = 0, 0, None, None
+    if snap := results.resume(run, "step"):
+        start = restore(snap, model, opt, [gen])
+        seen, perm, per_image_init = snap["seen"], snap["perm"], snap["per_image_init"]
+        print(f"{run}: resumed after step {start}")
+    rank, world = ranks()
+    fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
+        if world > 1 else model
+    t0 = time.time()
+    for step in range(start, num_steps + 1):
+        evaluating = step % args.eval_every == 0 or step == num_steps
+        saving = args.save_every and step % args.save_every == 0
+        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
+            results.checkpoint(run, snapshot(step, model, opt, [gen], seen=seen, perm=perm,
+                                             per_image_init=per_image_init), write=saving)
+        if evaluating:
             row = {"step": step, "examples": seen}
             row["train_loss"], row["train_acc"], row["majority_share"] = evaluate(model, x, y)
             if results.diverged(run, step, row["train_loss"]):
@@ -550,12 +576,13 @@ def train_one(name, attn, seed, args, data, vocab, results):
         if step == num_steps:
             break
         if step % steps_per_epoch == 0:  # a new pass over the training pairs in a new random order
-            batches = torch.randperm(len(x), generator=gen, device=device).split(args.batch_size)
-        idx = batches[step % steps_per_epoch]
+            perm = torch.randperm(len(x), generator=gen, device=device)
+        idx = perm[(step % steps_per_epoch) * args.batch_size:][: args.batch_size]
+        mine = idx.tensor_split(world)[rank]  # this rank's slice of the batch
         model.train()
-        loss = F.cross_entropy(model(trim(x[idx])), y[idx])
+        loss = F.cross_entropy(fwd(trim(x[mine])), y[mine])
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: the batch mean
         opt.step()
         seen += len(idx)
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss",
@@ -655,6 +682,8 @@ def main(args):
         print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
         return data
     device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "language")
     if args.download:
         download(args.task, args.data_dir)
     folder_data = os.path.join(args.data_dir, args.task.upper())

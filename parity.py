@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, flip, load_results, plot_curves, pyplot, save_figure, seed_all,
-                    sensitivity, setup, start_run)
+from common import (ArgumentParser, check_args, cli, flip, load_results, plot_curves, pyplot, restore, resumed_args,
+                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]. With n = 20, k = 3,
 # batch 64 at lr 1e-3 did not learn in 15,000 steps on our CPU; batch 256 with AdamW weight decay 0.1 did in 6,000.
@@ -66,12 +66,18 @@ def parse_args(argv=None):
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/parity/<run-name>/")
+    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
+                   "this many steps (0: only when Ctrl-C stops the run)")
+    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
     p.add_argument("--run-name", type=str, default=None, help="default: n<n>-k<k>-setting<s> or n<n>-k<k>-all")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
     args = p.parse_args(argv)
     check_args(p, args, positive=["n", "n_test", "heads", "depth", "steps", "eval_every", "n_sens", "n_eval", "n_train",
                                   "dim", "dim_head", "mlp_dim", "batch_size", "lr"],
-               nonnegative=["weight_decay", "seeds", "data_seed", "threads"])
+               nonnegative=["weight_decay", "seeds", "data_seed", "threads", "save_every"])
+    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
     if not 1 <= args.k <= args.n:
         p.error(f"need 1 <= --k <= --n, got --k {args.k} --n {args.n}")
     for s in list(SETTINGS) if args.all_settings else [args.setting]:
@@ -226,15 +232,22 @@ def train_one(args, s, seed, results, device):
     sens_x = x_train[: args.n_sens]
     relevant_mask = torch.zeros(args.n, dtype=torch.bool)
     relevant_mask[relevant] = True
+    run = f"setting{s}/seed{seed}"
+    if results.finished(run):
+        return None
     seed_all(seed)
     model = ParityTransformer(args.n, hp["dim"], args.heads, args.depth, args.dim_head, args.mlp_dim).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=args.weight_decay)
-    run = f"setting{s}/seed{seed}"
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
     gen = torch.Generator(device).manual_seed(seed)
+    start = restore(snap, model, opt, [gen]) if (snap := results.resume(run, "step")) else 0
     t0 = time.time()
-    for step in range(args.steps + 1):
-        if step % args.eval_every == 0 or step == args.steps:
+    for step in range(start, args.steps + 1):
+        evaluating = step % args.eval_every == 0 or step == args.steps
+        saving = args.save_every and step % args.save_every == 0
+        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
+            results.checkpoint(run, snapshot(step, model, opt, [gen]), write=saving)
+        if evaluating:
             row = {"step": step, **evaluate(model, sets)}
             if results.diverged(run, step, row["train_loss"]):
                 return None
@@ -292,9 +305,11 @@ def main(args):
         data = load_results(args.plot, "parity")
         print("wrote", plot(data, args.plot, data["args"]["k"]))
         return None
+    device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "parity")
     which = list(SETTINGS) if args.all_settings else [args.setting]
     name = f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
-    device = setup(args)
     folder, results = start_run("parity", args, name, device)
     try:
         with results.recording():

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 import vision
 from common import (ArgumentParser, check_args, cli, load_results, merge_results, model_of, new_run_dir, patchify,
-                    plot_curves, pyplot, save_figure, seed_all, setup, start_run, subset_size, unpatchify, write_json)
+                    plot_curves, pyplot, ranks, resumed_args, save_figure, seed_all, setup, start_run, subset_size,
+                    unpatchify, write_json)
 from corruptions import EXTRA, SEVERITY, STANDARD, corrupt, load_frost, read_release
 
 # -----------------------------------------------------------------------------
@@ -338,6 +339,8 @@ def main(args):
         print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
         return data
     device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "robustness")
     data = vision.prepare_data(args, device)  # the same subsets as vision.py; before the run folder
     if not args.cifar10c_dir:
         subset_size("--n-corrupt", args.n_corrupt, len(data["test_x"]), "test images (--n-test)")
@@ -359,7 +362,10 @@ def main(args):
         with results.recording():
             for model_name, variant, seed in jobs:
                 run = f"{model_name}-{variant}/seed{seed}"
-                gen = torch.Generator(device).manual_seed(seed)
+                if results.finished(run, "corruption_acc"):
+                    continue
+                # the noise of augment and reg: a stream per rank (each draws for its own slice of the batch)
+                gen = torch.Generator(device).manual_seed(seed + 1_000_003 * ranks()[0])
                 if args.from_vision:
                     seed_all(seed)
                     model = vision.build_model(model_name, args, *shape).to(device)
@@ -372,7 +378,7 @@ def main(args):
                         raise ValueError(f"{path} is not a {model_name} checkpoint of these flags ({e})") from None
                 else:
                     model = vision.train_one(model_name, seed, args, data, shape, results, device, folder, run=run,
-                                             loss_fn=make_loss(variant, args, gen))
+                                             loss_fn=make_loss(variant, args, gen), generators=[gen])
                     if model is None:  # diverged: marked in metrics.json, nothing to measure
                         continue
                 final = evaluate_model(model, args, data, seed)

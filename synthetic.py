@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, load_results, plot_curves, pyplot, replace, save_figure, seed_all,
-                    sensitivity, setup, start_run)
+from common import (ArgumentParser, check_args, cli, load_results, plot_curves, pyplot, replace, restore, resumed_args,
+                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -72,13 +72,19 @@ def parse_args(argv=None):
     p.add_argument("--device", type=str, default="cpu", help="cpu | cuda | auto (this model is tiny: cpu is fastest)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/synthetic/<run-name>/")
+    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
+                   "this many steps (0: only when Ctrl-C stops the run)")
+    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
     p.add_argument("--run-name", type=str, default=None, help="default: cases, or fig12 with --fig12")
     p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
     args = p.parse_args(argv)
     check_args(p, args, positive=["n", "sparse_set", "frequent_set", "irrelevant_set", "n_train", "n_test", "dim_head",
                                   "steps", "batch_size", "eval_every", "n_sens", "reps", "lr", "init_std", "n_sparse",
                                   "n_frequent"],
-               nonnegative=["seeds", "data_seed", "threads", "alpha"])
+               nonnegative=["seeds", "data_seed", "threads", "alpha", "save_every"])
+    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
     if args.n_sens > args.n_train:
         p.error(f"--n-sens {args.n_sens} asks for more than the --n-train {args.n_train} training sequences")
     if args.plot and not os.path.exists(args.plot):
@@ -241,6 +247,8 @@ def train_one(args, label, sizes, seed, results, device):
     sens_x = onehot[sets["train"][0][: args.n_sens]]  # (n_sens, n, d), a fixed subset of the training set
 
     run = f"{label}/seed{seed}"
+    if results.finished(run):
+        return None
     # the two candidate functions do not train: their sensitivity is measured once, on the same inputs
     cand = {}
     for kind, name in [(0, "sparse"), (1, "frequent")]:
@@ -251,10 +259,15 @@ def train_one(args, label, sizes, seed, results, device):
     model = AttentionClassifier(vocab.d, args.dim_head, args.init_std).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     order = torch.Generator(device).manual_seed(seed)
+    start = restore(snap, model, opt, [order]) if (snap := results.resume(run, "step")) else 0
     ids_train, y_train = sets["train"]
     t0 = time.time()
-    for step in range(args.steps + 1):
-        if step % args.eval_every == 0 or step == args.steps:
+    for step in range(start, args.steps + 1):
+        evaluating = step % args.eval_every == 0 or step == args.steps
+        saving = args.save_every and step % args.save_every == 0
+        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
+            results.checkpoint(run, snapshot(step, model, opt, [order]), write=saving)
+        if evaluating:
             row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x)}
             if results.diverged(run, step, row["train_loss"]):
                 return None
@@ -314,6 +327,8 @@ def main(args):
         print("wrote", plot(load_results(args.plot, "synthetic"), args.plot))
         return None
     device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "synthetic")
     folder, results = start_run("synthetic", args, "fig12" if args.fig12 else "cases", device)
     try:
         with results.recording():

@@ -20,9 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of, new_run_dir,
-                    not_finite, patchify, plot_curves, predict, pyplot, save_figure, seed_all, sensitivity, setup,
-                    start_run, subset_size, summarise, unpatchify, write_json)
+from common import (ArgumentParser, all_sum, check_args, cli, gaussian, load_results, merge_results, model_of,
+                    new_run_dir, not_finite, patchify, plot_curves, predict, pyplot, ranks, restore, resumed_args,
+                    save_figure, seed_all, sensitivity, setup, snapshot, start_run, subset_size, summarise, unpatchify,
+                    write_json)
 from common import paired_differences as common_paired
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
@@ -112,6 +113,10 @@ def base_parser():
     p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=str, default=None, help="default: <dataset>-<models>")
     p.add_argument("--save-model", action="store_true", help="save each final model to <run>/<model>-seed<k>.pt")
+    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
+                   "this many epochs (0: only when Ctrl-C stops the run)")
+    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
     p.add_argument("--plot", type=str, nargs="+", default=None, help="only redraw the figures of this run folder; "
                    "several folders (seeds run apart, or --n-train sizes) are combined into a new one")
     return p
@@ -126,7 +131,7 @@ def check_arguments(p, args):
                                   "dim", "dim_head", "mlp_dim", "mlp_hidden", "n_train", "n_test", "sens_positions",
                                   "patch_size", "sens_patch"],
                nonnegative=["sigma", "momentum", "weight_decay", "dropout", "seeds", "data_seed", "sens_seed",
-                            "threads"])
+                            "threads", "save_every"])
     if any(not 0 < a <= 1 for a in args.match_acc):
         p.error(f"--match-acc levels are train accuracies in (0, 1], got {args.match_acc}")
     if args.dropout >= 1:
@@ -146,6 +151,8 @@ def check_arguments(p, args):
     for folder in args.plot or []:
         if not os.path.exists(folder):
             p.error(f"--plot {folder}: no such run folder or metrics.json")
+    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
 
 
 def parse_args(argv=None):
@@ -553,14 +560,18 @@ def default_lr(model, dataset):
 
 @torch.no_grad()
 def evaluate(model, x, y):
-    """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x, in float32 (also under --amp)."""
+    """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x, in float32 (also under --amp).
+    Under torchrun each rank takes a slice of the images and the sums are added up."""
     model.eval()
+    rank, world = ranks()
+    part = torch.arange(len(x), device=x.device).tensor_split(world)[rank]
     batch_size = 2048 if x.device.type == "cuda" else 256  # a CPU runs a small ViT 1.5x faster at 256 than 1000
     loss = correct = 0.0
-    for i in range(0, len(x), batch_size):
-        out = model(normalize(x[i:i + batch_size])).float()
-        loss += F.cross_entropy(out, y[i:i + batch_size], reduction="sum").item()
-        correct += (out.argmax(1) == y[i:i + batch_size]).sum().item()
+    for idx in part.split(batch_size):
+        out = model(normalize(x[idx])).float()
+        loss += F.cross_entropy(out, y[idx], reduction="sum").item()
+        correct += (out.argmax(1) == y[idx]).sum().item()
+    loss, correct = all_sum(loss, correct)
     return loss / len(x), correct / len(x)
 
 
@@ -699,8 +710,11 @@ def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False,
                 max_steps=None):
     """One pass over uint8 images x in a random order (or its first max_steps batches): batches are indexed,
     (augmented,) normalised and fed on the device. lr_fn(fraction of the epoch done) sets the learning rate;
-    loss_fn(model, images, labels) the objective. Returns the last batch's loss (one host sync per epoch)."""
+    loss_fn(model, images, labels) the objective. Under torchrun (model wrapped in DDP) every rank draws the same
+    order and augmentation, takes its slice of each batch, and weights its loss by its share, so that the averaged
+    gradient is the single-process one. Returns the last batch's loss (one host sync per epoch)."""
     model.train()
+    rank, world = ranks()
     perm = torch.randperm(len(x), generator=gen, device=x.device)
     steps = math.ceil(len(x) / batch_size)
     for i in range(min(steps, max_steps or steps)):
@@ -708,13 +722,14 @@ def train_epoch(model, opt, x, y, *, batch_size, gen, lr_fn=None, augment=False,
             for group in opt.param_groups:
                 group["lr"] = lr_fn(i / steps)
         idx = perm[i * batch_size:(i + 1) * batch_size]
-        xb = augment_batch(x[idx], gen) if augment else x[idx]
+        xb = augment_batch(x[idx], gen) if augment else x[idx]  # the whole batch: the generator stays in step
+        mine = torch.arange(len(idx), device=x.device).tensor_split(world)[rank]  # this rank's slice of the batch
         with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            loss = loss_fn(model, normalize(xb), y[idx])
+            loss = loss_fn(model, normalize(xb[mine]), y[idx][mine])
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: the batch mean
         opt.step()
-    return loss.item()
+    return all_sum(loss.item())[0] / world
 
 
 def make_optimizer(name, model, args):
@@ -725,35 +740,60 @@ def make_optimizer(name, model, args):
     return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
 
 
-def train_one(name, seed, args, data, shape, results, device, folder, run=None, loss_fn=cross_entropy):
+def for_training(model, device, compile_model):
+    """The module training runs through: under torchrun wrapped in DDP (BatchNorm synchronised on GPUs: PyTorch's
+    SyncBatchNorm runs on GPUs only, so on a CPU each rank keeps its own batch statistics), and/or compiled."""
+    if ranks()[1] > 1:
+        if device.type == "cuda":
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    return torch.compile(model) if compile_model else model
+
+
+def train_one(name, seed, args, data, shape, results, device, folder, run=None, loss_fn=cross_entropy,
+              generators=()):
     """Train one model, evaluating it every --eval-every epochs and at the end; run names it in metrics.json (default
-    <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants).
-    Returns the model, or None if its loss diverged (metrics.json then marks the run)."""
+    <model>/seed<k>), loss_fn(model, images, labels) is the objective (robustness.py passes its variants, and the
+    generators they draw from, which a checkpoint keeps). Returns the model, or None if its loss diverged (metrics.json
+    then marks the run) or if a resumed run had already finished."""
     channels, size, classes = shape
     run = run or f"{name}/seed{seed}"
+    if results.finished(run):
+        return None
     seed_all(seed)
     model = build_model(name, args, channels, size, classes).to(device)
     print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-    fwd = torch.compile(model) if args.compile else model
     opt = make_optimizer(name, model, args)
     lr = opt.param_groups[0]["lr"]
+    gen = torch.Generator(device).manual_seed(seed)
+    generators = [gen, *generators]
+    start = 0
+    if snap := results.resume(run, "epoch"):
+        start = restore(snap, model, opt, generators)
+        print(f"{run}: resumed after epoch {start}")
+    fwd = for_training(model, device, args.compile)
+    measured = model if ranks()[1] > 1 else fwd  # evaluation and sensitivity: sharded by hand, not through DDP
     x, y = data["train_x"], data["train_y"]
     sens_images = normalize(x[: args.n_sens])  # a fixed subset of the (already shuffled) training set
-    gen = torch.Generator(device).manual_seed(seed)
     steps_per_epoch = math.ceil(len(x) / args.batch_size)
     num_steps = args.steps or args.epochs * steps_per_epoch
     epochs = math.ceil(num_steps / steps_per_epoch)  # the last one partial when --steps is not a whole epoch
     head = f"{args.mask[0]}:{args.sigma[0]:g}"
-    t0, step = time.time(), 0
-    for epoch in range(epochs + 1):
-        if epoch % args.eval_every == 0 or epoch == epochs:
+    t0 = time.time()
+    for epoch in range(start, epochs + 1):
+        step = min(epoch * steps_per_epoch, num_steps)
+        evaluating = epoch % args.eval_every == 0 or epoch == epochs
+        saving = args.save_every and epoch % args.save_every == 0
+        if evaluating or saving:  # the state after `epoch` epochs: Ctrl-C writes it, --save-every now
+            results.checkpoint(run, snapshot(epoch, model, opt, generators), write=saving)
+        if evaluating:
             row = {"epoch": epoch, "step": step}
-            row["train_loss"], row["train_acc"] = evaluate(fwd, x, y)
+            row["train_loss"], row["train_acc"] = evaluate(measured, x, y)
             if results.diverged(run, epoch, row["train_loss"], "epoch"):
                 return None
-            row["test_loss"], row["test_acc"] = evaluate(fwd, data["test_x"], data["test_y"])
-            sens = measure_sensitivity(fwd, sens_images, args.sens_patch, args.sigma, args.mask[:1], args.sens_seed,
-                                       args.reps, args.sens_positions)
+            row["test_loss"], row["test_acc"] = evaluate(measured, data["test_x"], data["test_y"])
+            sens = measure_sensitivity(measured, sens_images, args.sens_patch, args.sigma, args.mask[:1],
+                                       args.sens_seed, args.reps, args.sens_positions)
             for key, s in sens.items():
                 row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
             row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
@@ -767,7 +807,6 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
         loss = train_epoch(fwd, opt, x, y, batch_size=args.batch_size, gen=gen, augment=args.augment, amp=args.amp,
                            lr_fn=lambda frac, e=epoch: lr_at(e + frac, lr, args.schedule, num_steps / steps_per_epoch),
                            loss_fn=loss_fn, max_steps=num_steps - step)
-        step = min(step + steps_per_epoch, num_steps)
         if results.diverged(run, epoch + 1, loss, "epoch"):
             return None
     # the final model under every mask and, with --sweep, at every sigma of the sweep; what the last evaluation
@@ -775,8 +814,8 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
     sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
     for mask in args.mask:
         todo = [s for s in sigmas if f"{mask}:{s:g}" not in sens]
-        sens.update(measure_sensitivity(fwd, sens_images, args.sens_patch, todo, [mask], args.sens_seed, args.reps,
-                                        args.sens_positions))
+        sens.update(measure_sensitivity(measured, sens_images, args.sens_patch, todo, [mask], args.sens_seed,
+                                        args.reps, args.sens_positions))
     sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0].split(":")[0]), float(kv[0].split(":")[1]))))
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
                                  "step"]}
@@ -789,7 +828,7 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
         grid = size // args.sens_patch
         final["sens_map"] = sens[f"patch:{args.sigma[0]:g}"].per_position.view(grid, grid).tolist()
     results.final(run, final)
-    if args.save_model:
+    if args.save_model and results.write:
         torch.save(model.state_dict(), os.path.join(folder, f"{name}-seed{seed}.pt"))
     return model
 
@@ -965,6 +1004,8 @@ def main(args):
         print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
         return data
     device = setup(args)
+    if args.resume:
+        args = resumed_args(args, "vision")
     if args.pretrained:
         folder, results = start_run("vision", args, "imagenet-pretrained", device)
         with results.recording():

@@ -74,7 +74,7 @@ def test_end_to_end(tmp_path):
                 "epoch_grokked"]:
         assert key in run["final"]
     assert 0 <= run["final"]["sens"] <= 1 and run["final"]["weight_norm"] > 0
-    assert (folder / "seed0-epoch4.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
+    assert (folder / "checkpoint.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
 
 
 def test_bad_arguments():

@@ -1,0 +1,109 @@
+"""Running at scale: --resume after Ctrl-C continues every training script to exactly the numbers of an uninterrupted
+run, and a real two-process torchrun of vision.py (gloo, CPU) gives the single-process numbers in one run folder.
+(The estimator's sharding over ranks is checked in test_common.py.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import grokking
+import language
+import parity
+import robustness
+import synthetic
+import vision
+from common import cli, strict_json
+
+VIT = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16"]
+MRPC = ["the cat sat on the mat", "a cat sat on a mat", "stocks fell today", "it was sunny", "he said it works"]
+
+# script: (module, flags of a tiny run, the backward() call during which Ctrl-C arrives)
+RUNS = {
+    "synthetic": (synthetic, ["--steps", "6", "--eval-every", "2", "--seeds", "0", "1", "--case", "sparse-lower",
+                              "--n-train", "200", "--n-test", "50", "--n-sens", "20"], 9),
+    "grokking": (grokking, ["--p", "11", "--epochs", "6", "--eval-every", "2", "--dim", "16", "--heads", "2",
+                            "--mlp-dim", "16"], 4),
+    "parity": (parity, ["--n", "8", "--k", "2", "--steps", "6", "--eval-every", "2", "--n-train", "200",
+                        "--n-test", "50", "--n-sens", "20", "--dim", "16", "--seeds", "0", "1"], 8),
+    "vision": (vision, ["--dataset", "fake28", "--model", "vit", "mlp", "--mlp-hidden", "16", "--epochs", "3",
+                        "--eval-every", "1", "--n-train", "60", "--n-test", "20", "--n-sens", "4", "--batch-size",
+                        "20", "--sigma", "1"] + VIT, 7),
+    "robustness": (robustness, ["--dataset", "fake28", "--model", "vit", "--variants", "reg", "--epochs", "2",
+                                "--n-train", "40", "--n-test", "20", "--n-sens", "4", "--batch-size", "20",
+                                "--corruptions", "contrast", "--severities", "2", "--n-sharp", "4", "--sharp-reps",
+                                "1", "--sigma", "1"] + VIT, 3),
+    "language": (language, ["--model", "gpt2", "lstm", "--dim", "16", "--heads", "2", "--depth", "1", "--epochs", "2",
+                            "--batch-size", "4", "--eval-every", "2", "--n-sens", "4", "--sigma", "2"], 6),
+}
+
+
+def without_time(runs):
+    """The runs' numbers as metrics.json holds them (NaN as null), minus the wall-clock times (which differ between
+    any two runs)."""
+    drop = lambda d: {k: v for k, v in d.items() if k != "time"}  # noqa: E731
+    return strict_json({run: {"history": [drop(h) for h in r["history"]], "final": drop(r["final"])}
+                        for run, r in runs.items()})
+
+
+@pytest.mark.parametrize("script", list(RUNS))
+def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of training writes checkpoint.pt (the state at the last evaluation) and exits 130;
+    --resume then redoes the steps since and gives exactly the same histories and final numbers as a run that was
+    never interrupted (model, optimizer and every random generator are restored)."""
+    module, argv, cut_at = RUNS[script]
+    argv = argv + ["--out-dir", str(tmp_path)]
+    if script == "language":
+        folder = tmp_path / "glue" / "MRPC"
+        folder.mkdir(parents=True)
+        for name, n in [("train.tsv", 24), ("dev.tsv", 8)]:
+            rows = [f"{i % 2}\t{i}\t{i + 1}\t{MRPC[i % 5]} {MRPC[(i * 3) % 5]}\t{MRPC[(i + 2) % 5]}" for i in range(n)]
+            (folder / name).write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n")
+        argv += ["--data-dir", str(tmp_path / "glue")]
+    whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
+
+    real, calls = torch.Tensor.backward, []
+
+    def ctrl_c_on_call(self, *a, **k):
+        calls.append(1)
+        if len(calls) == cut_at:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_call)
+    with pytest.raises(SystemExit) as e:
+        cli(module.main, module.parse_args, argv + ["--run-name", "cut"])
+    assert e.value.code == 130 and "--resume" in capsys.readouterr().err
+    cut = tmp_path / script / "cut"
+    assert (cut / "checkpoint.pt").exists() and json.loads((cut / "metrics.json").read_text())["interrupted"]
+    monkeypatch.undo()
+    resumed = module.main(module.parse_args(["--resume", str(cut)]))
+    assert without_time(resumed["runs"]) == without_time(whole["runs"])
+    assert "interrupted" not in json.loads((cut / "metrics.json").read_text())
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """torchrun --nproc_per_node=2 (gloo on this CPU): the global batch is split across the ranks, so training,
+    evaluation and the sharded sensitivity give the single process's numbers (loss within 1e-3), and rank 0 alone
+    writes one run folder."""
+    argv = ["vision.py", "--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "32", "--epochs", "2",
+            "--eval-every", "1", "--n-train", "90", "--n-test", "30", "--n-sens", "20", "--batch-size", "20",
+            "--sigma", "2", "--lr", "0.05", "--device", "cpu"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, launch in [("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
+                                                             "--standalone", "--nproc_per_node=2"])]:
+        done = subprocess.run(launch + argv + ["--out-dir", str(tmp_path / name), "--run-name", "r"], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert os.listdir(tmp_path / "two" / "vision") == ["r"]  # one folder, written by rank 0 alone
+    one, two = (json.loads((tmp_path / n / "vision" / "r" / "metrics.json").read_text())["runs"]["mlp/seed0"]
+                for n in ["one", "two"])
+    for a, b in zip(one["history"], two["history"]):
+        assert abs(a["train_loss"] - b["train_loss"]) < 1e-3 and abs(a["test_loss"] - b["test_loss"]) < 1e-3
+        assert abs(a["train_acc"] - b["train_acc"]) <= 1 / 90 and abs(a["test_acc"] - b["test_acc"]) <= 1 / 30
+        assert abs(a["sens"] - b["sens"]) <= max(a["sens_stderr"], 1e-9)
+    assert len(one["history"]) == len(two["history"]) == 3
