@@ -109,12 +109,20 @@ def setting(args, s):
 
 
 def make_task(n, k, n_train, n_test, data_seed):
-    """The k relevant bits and disjoint-by-chance train / test sets: x (N, n, 1) in {-1, +1}, y (N,) in {0, 1}."""
+    """The k relevant bits, training inputs drawn uniformly (repeats allowed), and test inputs none of which is a
+    training input: x (N, n, 1) in {-1, +1}, y (N,) in {0, 1}. Everything from data_seed alone."""
     g = torch.Generator().manual_seed(data_seed)
     relevant = torch.randperm(n, generator=g)[:k].sort().values
-    x = torch.randint(0, 2, (n_train + n_test, n, 1), generator=g).float() * 2 - 1
-    y = (parity(x, relevant) > 0).long()
-    return relevant, (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
+    code = lambda bits: (bits[..., 0] > 0).long() @ (2 ** torch.arange(n))  # noqa: E731  each input as an integer
+    x = torch.randint(0, 2, (n_train, n, 1), generator=g).float() * 2 - 1
+    seen, test = set(code(x).tolist()), []
+    if len(seen) == 2**n:
+        raise ValueError(f"--n-train {n_train} inputs cover all {2**n} inputs of {n} bits: none is left to test on")
+    while sum(len(t) for t in test) < n_test:  # draw, and drop what training holds (a repeat in test is allowed)
+        t = torch.randint(0, 2, (2 * n_test, n, 1), generator=g).float() * 2 - 1
+        test.append(t[torch.tensor([c not in seen for c in code(t).tolist()], dtype=torch.bool)])
+    xt = torch.cat(test)[:n_test]
+    return relevant, (x, (parity(x, relevant) > 0).long()), (xt, (parity(xt, relevant) > 0).long())
 
 
 def parity(x, relevant):
@@ -223,9 +231,10 @@ def measure_sensitivity(model, sens_x, relevant_mask, n):
     return row
 
 
-def train_one(args, s, seed, results, device):
+def train_one(args, s, seed, task, results, device):
+    """Train setting s with one seed on task = make_task(...) of that setting."""
     hp = setting(args, s)
-    relevant, train, test = make_task(args.n, args.k, hp["n_train"], args.n_test, args.data_seed)
+    relevant, train, test = task
     x_train, y_train = (t.to(device) for t in train)
     n_eval = args.n_eval or min(2000, len(x_train))
     sets = {"train": (x_train[:n_eval], y_train[:n_eval]), "test": tuple(t.to(device) for t in test)}
@@ -310,12 +319,14 @@ def main(args):
         args = resumed_args(args, "parity")
     which = list(SETTINGS) if args.all_settings else [args.setting]
     name = f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
+    # the data first: a task that cannot be made (no input left to test on) leaves no run folder behind
+    tasks = {s: make_task(args.n, args.k, setting(args, s)["n_train"], args.n_test, args.data_seed) for s in which}
     folder, results = start_run("parity", args, name, device)
     try:
         with results.recording():
             for s in which:
                 for seed in setting(args, s)["seeds"]:
-                    train_one(args, s, seed, results, device)
+                    train_one(args, s, seed, tasks[s], results, device)
     finally:
         if any(r["history"] for r in results.data["runs"].values()):
             print("wrote", plot(results.data, folder, args.k))

@@ -235,13 +235,18 @@ def evaluate(model, vocab, onehot, sets, sens_x):
 # training
 
 
+def make_sets(vocab, args, sizes):
+    """{"train", "test", "ood"}: (ids, y) of one setting, drawn from --data-seed alone (not from --seeds)."""
+    g = torch.Generator().manual_seed(args.data_seed)
+    return {"train": make_data(vocab, size=args.n_train, generator=g, **sizes),
+            "test": make_data(vocab, size=args.n_test, generator=g, **sizes),
+            "ood": make_data(vocab, size=args.n_test, generator=g, ood=True, **sizes)}
+
+
 def train_one(args, label, sizes, seed, results, device):
     vocab = Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)
     onehot = torch.eye(vocab.d, device=device)
-    g = torch.Generator().manual_seed(args.data_seed)  # the data do not depend on --seeds
-    sets = {"train": make_data(vocab, size=args.n_train, generator=g, **sizes),
-            "test": make_data(vocab, size=args.n_test, generator=g, **sizes),
-            "ood": make_data(vocab, size=args.n_test, generator=g, ood=True, **sizes)}
+    sets = make_sets(vocab, args, sizes)
     vocab_dev = vocab.to(device)
     sets = {k: (ids.to(device), y.to(device)) for k, (ids, y) in sets.items()}
     sens_x = onehot[sets["train"][0][: args.n_sens]]  # (n_sens, n, d), a fixed subset of the training set

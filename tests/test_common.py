@@ -336,3 +336,17 @@ def test_cli_exit_codes(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
     assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
+
+
+def test_stderr_is_the_standard_deviation_over_inputs_over_sqrt_n():
+    """With a parity on bit 0 and inputs of lengths 1, 2, 4, 5, the per-input flip rates are 1/len exactly; the
+    standard error is their sample standard deviation (n - 1) divided by sqrt(n); one input has none (NaN)."""
+    lengths = torch.tensor([1, 2, 4, 5])
+    mask = torch.arange(5) < lengths[:, None]
+    s = sensitivity(parity_model([0]), torch.ones(4, 5, 1), flip(), mask=mask)
+    rates = [1, 1 / 2, 1 / 4, 1 / 5]
+    mean = sum(rates) / 4
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / 3)
+    assert s.stderr == pytest.approx(sd / 2, rel=1e-9) and s.mean == pytest.approx(mean, rel=1e-9)
+    one = sensitivity(parity_model([0]), torch.ones(1, 5, 1), flip())
+    assert math.isnan(one.stderr) and one.mean == 0.2

@@ -81,3 +81,59 @@ def test_bad_arguments():
     for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--dim", "30", "--heads", "4"], ["--p", "1"]]:
         with pytest.raises(SystemExit):
             grokking.parse_args(argv)
+
+
+class Both(torch.nn.Module):
+    """A stand-in with the model's interface: class 1 iff the first coordinate of a's and of b's embedding are both
+    positive (all embeddings start at 0.5); with read="=", the answer reads only the '=' token instead."""
+
+    def __init__(self, read="ab"):
+        super().__init__()
+        self.read = read
+
+    def embed(self, tokens):
+        return torch.full((len(tokens), 3, 4), 0.5)
+
+    def forward_embedded(self, e):
+        score = e[:, 2, 0] if self.read == "=" else torch.minimum(e[:, 0, 0], e[:, 1, 0])
+        return torch.stack([torch.zeros_like(score), score], 1)
+
+
+def test_token_wise_and_joint_sensitivity_have_their_closed_forms():
+    """Token-wise (the paper's): a, then b, perturbed alone, each flips w.p. p = Phi(-0.5 / sigma), so the mean is p.
+    Joint (the authors' code): both at once flip w.p. 1 - (1 - p)^2. The '=' token is never perturbed."""
+    tokens = torch.zeros(400, 3, dtype=torch.long)
+    sigma = 0.8
+    row = grokking.measure_sensitivity(Both(), tokens, sigma, 5, seed=0)
+    p = 0.5 * (1 + math.erf(-0.5 / sigma / math.sqrt(2)))
+    assert abs(row["sens"] - p) < 4 * math.sqrt(p * (1 - p) / 4000)
+    joint = 1 - (1 - p) ** 2
+    assert abs(row["sens_joint"] - joint) < 4 * math.sqrt(joint * (1 - joint) / 2000)
+    assert row["sens_joint"] > row["sens"] + 0.1  # they differ on this model
+    eq = grokking.measure_sensitivity(Both("="), tokens, 100.0, 5, seed=0)
+    assert eq["sens"] == 0 and eq["sens_joint"] == 0
+
+
+def test_evaluate_weight_norm_and_sets():
+    """The weight norm is sqrt(sum of every parameter squared); loss and accuracy are computed on the training pairs
+    and on the other pairs separately."""
+    torch.manual_seed(0)
+    model = grokking.OneLayerTransformer(11, 16, 2, 32)
+    tokens, labels, train = grokking.make_data(11, 0.3, seed=0)
+    row = grokking.evaluate(model, tokens, labels, train)
+    assert row["weight_norm"] == pytest.approx(math.sqrt(sum((p.double() ** 2).sum().item()
+                                                             for p in model.parameters())), rel=1e-6)
+    logits = model(tokens)
+    for name, m in [("train", train), ("test", ~train)]:
+        assert row[f"{name}_acc"] == pytest.approx((logits[m].argmax(1) == labels[m]).float().mean().item())
+        assert row[f"{name}_loss"] == pytest.approx(F.cross_entropy(logits[m].double(), labels[m]).item())
+    assert train.sum() == 36 and (~train).sum() == 121 - 36  # disjoint and complete
+
+
+def test_a_short_run_memorises(tmp_path):
+    """300 full-batch AdamW epochs on (a + b) mod 11: the training pairs are memorised (accuracy 1, found as the
+    memorisation epoch) while the held-out pairs are not."""
+    argv = ["--p", "11", "--epochs", "300", "--eval-every", "100", "--dim", "32", "--heads", "2", "--mlp-dim", "64",
+            "--lr", "1e-2", "--out-dir", str(tmp_path)]
+    final = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["final"]
+    assert final["train_acc"] == 1.0 and final["test_acc"] < 0.5 and final["epoch_memorised"] <= 300

@@ -2,6 +2,8 @@
 masks, the hand-written LSTM against torch.nn.LSTM, the right-aligned sensitivity profile, a short end-to-end run."""
 
 import json
+import math
+import os
 import urllib.error
 import urllib.request
 
@@ -187,3 +189,87 @@ def test_prefix_cache_gives_exactly_the_uncached_sensitivity(name, attn, fused):
             assert torch.equal(cached.per_input, full.per_input) and cached.evaluations == full.evaluations
             assert cached.mean > 0.005, (align, positions, cached.mean)
     assert language.build_model("roberta", attn, 60, args).prefix_cache(torch.zeros(2, 3, 32), None) is None
+
+
+def test_softmax_and_relu_attention_are_their_formulas():
+    """One block on a fixed input equals x + proj(A v) followed by the MLP, where A = softmax(q k^T / sqrt(hs)) or
+    relu(q k^T / sqrt(hs)), over real keys only (and, causal, over earlier positions only)."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 5, 8), torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    for attn in ["softmax", "relu"]:
+        for causal in [False, True]:
+            block = language.Block(8, 2, 4, 16, 0.0, attn, causal).eval()
+            q, k, v = block.qkv(block.ln1(x)).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            scores = q @ k.transpose(-2, -1) / 2  # sqrt(hs) = 2
+            keep = mask[:, None, None, :] & (torch.ones(5, 5, dtype=torch.bool).tril() if causal else True)
+            a = scores.masked_fill(~keep, float("-inf")).softmax(-1) if attn == "softmax" else scores.relu() * keep
+            h = x + block.proj((a @ v).transpose(1, 2).reshape(2, 5, 8))
+            assert torch.allclose(block(x, mask), h + block.mlp(block.ln2(h)), atol=1e-5), (attn, causal)
+    relu, soft = language.Block(8, 2, 4, 16, 0.0, "relu", False), language.Block(8, 2, 4, 16, 0.0, "softmax", False)
+    soft.load_state_dict(relu.state_dict())
+    assert not torch.allclose(relu(x, mask), soft(x, mask), atol=1e-3)
+
+
+def test_causal_model_never_sees_later_tokens():
+    """GPT-2 attends only to earlier positions: changing tokens 4 and 5 leaves the prediction read at token 3
+    unchanged, and changes the one read at token 5."""
+    args = language.parse_args(["--dim", "16", "--heads", "2", "--depth", "2", "--max-len", "12"])
+    torch.manual_seed(0)
+    model = language.build_model("gpt2", "softmax", 30, args).eval()
+    e = torch.randn(1, 6, 16)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    early = model.forward_normed(e[:, :4], mask[:, :4])
+    e2 = e.clone()
+    e2[:, 4:] += 3.0 * torch.randn(1, 2, 16)  # (a constant shift would vanish in the LayerNorm)
+    assert torch.allclose(early, model.forward_normed(e2[:, :4], mask[:, :4]))
+    assert not torch.allclose(model.forward_normed(e, mask), model.forward_normed(e2, mask))
+
+
+class Says(nn.Module):
+    """A model that always answers class k."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, tokens):
+        return torch.log(torch.tensor([0.2, 0.8] if self.k else [0.8, 0.2])).expand(len(tokens), 2)
+
+
+def test_evaluate_gives_the_known_loss_accuracy_and_majority_share():
+    """Always class 1 with p = 0.8: accuracy = share of label 1, loss = -(n1 log 0.8 + n0 log 0.2) / n, and all
+    pairs get the one class (majority share 1)."""
+    tokens = torch.randint(4, 20, (10, 6))
+    labels = torch.tensor([1] * 7 + [0] * 3)
+    loss, acc, share = language.evaluate(Says(1), tokens, labels)
+    assert acc == 0.7 and share == 1.0
+    assert loss == pytest.approx(-(7 * math.log(0.8) + 3 * math.log(0.2)) / 10, rel=1e-6)
+
+
+def test_mrpc_download_puts_every_pair_in_exactly_one_split(tmp_path, monkeypatch):
+    """GLUE's rule: the pairs listed in dev_ids.tsv form dev.tsv, all the others train.tsv; disjoint, complete."""
+    rows = [f"{i % 2}\t{100 + i}\t{200 + i}\tsentence a {i}\tsentence b {i}" for i in range(10)]
+    files = {"msr_paraphrase_train.txt": "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n",
+             "msr_paraphrase_test.txt": "", "dev_ids.tsv": "102\t202\n107\t207\n"}
+    monkeypatch.setattr(urllib.request, "urlretrieve", lambda url, path: open(path, "w").write(
+        files[os.path.basename(path)]))
+    language.download("mrpc", str(tmp_path))
+    train = language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
+    dev = language.read_tsv(str(tmp_path / "MRPC" / "dev.tsv"), "mrpc")
+    assert [a for a, _, _ in dev] == ["sentence a 2", "sentence a 7"] and len(train) == 8
+    assert not {a for a, _, _ in train} & {a for a, _, _ in dev}
+
+
+def test_a_short_run_learns_a_separable_task(tmp_path):
+    """Label 1 iff sentence A starts with "yes": the encoder reaches train and test accuracy 1 within 90 steps,
+    and its sensitivity falls from initialisation to the end."""
+    pairs = [(("yes " if i % 2 else "no ") + f"the cat sat {i % 7} on the mat", f"a dog ran {i % 5}", i % 2)
+             for i in range(48)]
+    write_mrpc(tmp_path / "MRPC", pairs, "train.tsv")
+    write_mrpc(tmp_path / "MRPC", pairs[:16], "dev.tsv")
+    argv = ["--data-dir", str(tmp_path), "--model", "roberta", "--dim", "32", "--heads", "2", "--depth", "1",
+            "--epochs", "15", "--batch-size", "8", "--lr", "3e-3", "--eval-every", "90", "--n-sens", "16",
+            "--out-dir", str(tmp_path)]
+    run = language.main(language.parse_args(argv))["runs"]["roberta-softmax/seed0"]
+    assert run["final"]["train_acc"] == 1.0 and run["final"]["test_acc"] == 1.0
+    assert run["history"][0]["majority_share"] >= 0.5 and run["final"]["majority_share"] == 0.5

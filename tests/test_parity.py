@@ -72,3 +72,47 @@ def test_bad_arguments():
     for argv in [["--k", "0"], ["--k", "30"], ["--lr", "0"], ["--setting", "9"], ["--weight-decay", "-1"]]:
         with pytest.raises(SystemExit):
             parity.parse_args(argv)
+
+
+class Reads(torch.nn.Module):
+    """The parity of the given bits, as two logits."""
+
+    def __init__(self, bits):
+        super().__init__()
+        self.bits = bits
+
+    def forward(self, x):
+        v = x[:, self.bits, 0].prod(1)
+        return torch.stack([-v, v], 1)
+
+
+def test_sensitivity_count_and_the_share_on_the_relevant_bits():
+    """The parity of the k relevant bits: count k, all of it on them; the parity of one irrelevant bit: count 1,
+    none of it on them; normalised = count / n; per-bit profile 1 on the bits read."""
+    relevant, (x, _), _ = parity.make_task(10, 3, 200, 10, data_seed=0)
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[relevant] = True
+    row = parity.measure_sensitivity(Reads(relevant), x, mask, 10)
+    assert row["sens_count"] == 3 and row["sens_relevant"] == 3 and row["sens"] == 0.3
+    other = int((~mask).nonzero()[0])
+    row = parity.measure_sensitivity(Reads([other]), x, mask, 10)
+    assert row["sens_count"] == 1 and row["sens_relevant"] == 0 and row["sens_by_bit"][other] == 1
+
+
+def test_test_inputs_are_never_training_inputs():
+    """No test input is also a training input, and a training set covering every input is refused."""
+    _, (x, _), (xt, _) = parity.make_task(8, 2, 150, 60, data_seed=1)
+    code = lambda b: set(((b[..., 0] > 0).long() @ (2 ** torch.arange(8))).tolist())  # noqa: E731
+    assert not code(x) & code(xt) and len(xt) == 60
+    with pytest.raises(ValueError, match="cover all 16 inputs"):
+        parity.make_task(4, 2, 500, 10, data_seed=0)
+
+
+def test_a_short_run_learns_the_parity(tmp_path):
+    """300 steps on n = 8, k = 2: test accuracy 1 and Boolean sensitivity exactly k, all on the relevant bits, the
+    exact Fourier value agreeing."""
+    argv = ["--n", "8", "--k", "2", "--steps", "300", "--eval-every", "300", "--n-train", "150", "--n-test", "50",
+            "--n-sens", "100", "--dim", "32", "--batch-size", "32", "--lr", "3e-3", "--out-dir", str(tmp_path)]
+    final = parity.main(parity.parse_args(argv))["runs"]["setting1/seed0"]["final"]
+    assert final["test_acc"] == 1.0 and final["sens_count"] == 2 and final["sens_relevant"] == 2
+    assert final["sens_count_exact"] == pytest.approx(2.0)

@@ -2,11 +2,15 @@
 sharpness, and end-to-end runs (generated corruptions, a fake 19-file release, the six models of Fig. 9)."""
 
 import json
+import math
 
 import numpy as np
+import pytest
 import torch
+import torch.nn.functional as F
 
 import corruptions as C
+from common import patchify
 import robustness as R
 import vision
 
@@ -140,3 +144,74 @@ def test_a_fake_release_and_the_paper_fig9_models_end_to_end(tmp_path, monkeypat
     assert data["summary"]["correlation_sens_vs_corruption_acc"]["points"] == 6
     for png in ["corruptions.png", "sensitivity_vs_robustness.png"]:
         assert (tmp_path / "robustness" / "f" / png).stat().st_size > 5000
+
+
+def phi(z):
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+def test_regulariser_loss_is_its_formula_and_changes_the_gradient():
+    """reg = (1 - p) CE(f(x), y) + p MSE(f(x + noise on one patch), f(x)) with the very noise random_patch_noise
+    draws; p = 0 is plain cross-entropy; with p > 0 the gradient is not (1 - p) times the cross-entropy's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    args = R.parse_args(["--dataset", "fake28", "--reg", "0.3", "--reg-std", "2.0", "--sens-patch", "7"])
+    loss = R.make_loss("reg", args, torch.Generator().manual_seed(5))(model, x, y)
+    noisy = R.random_patch_noise(x, 7, 2.0, torch.Generator().manual_seed(5))
+    out = model(x)
+    expected = 0.7 * F.cross_entropy(out, y) + 0.3 * F.mse_loss(model(noisy), out)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    ce = F.cross_entropy(out, y)
+    grad = lambda value: torch.autograd.grad(value, model[1].weight)[0]  # noqa: E731
+    assert not torch.allclose(grad(R.make_loss("reg", args, torch.Generator().manual_seed(5))(model, x, y)),
+                              grad(0.7 * ce), atol=1e-6)
+    args.reg = 0.0
+    assert R.make_loss("reg", args, torch.Generator())(model, x, y).item() == pytest.approx(ce.item(), rel=1e-6)
+    changed = (patchify(noisy, 7) != patchify(x, 7))  # (8, 16 patches, 49 values)
+    assert changed.any(-1).sum(-1).tolist() == [1] * 8 and changed.sum().item() == 8 * 49  # one whole patch each
+
+
+def test_augmentation_adds_noise_of_the_stated_std():
+    """augment trains on x + N(0, std^2) on every pixel, the label kept."""
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x)
+            return torch.zeros(len(x), 10, requires_grad=True)
+
+    x, y = torch.zeros(50, 1, 28, 28), torch.zeros(50, dtype=torch.long)
+    args = R.parse_args(["--dataset", "fake28", "--augment-std", "0.3"])
+    R.make_loss("augment", args, torch.Generator().manual_seed(0))(Recorder(), x, y)
+    assert seen[0].std().item() == pytest.approx(0.3, rel=0.02) and abs(seen[0].mean().item()) < 0.01
+    R.make_loss("vanilla", args, torch.Generator())(Recorder(), x, y)
+    assert torch.equal(seen[1], x)
+
+
+def test_sharpness_of_a_linear_model_has_its_closed_form():
+    """f(x) = W x + b with N(0, s^2) on every weight changes each of the C logits by N(0, s^2 (|x|^2 + 1)):
+    ShOp (an L1 sum over the logits) = C s sqrt(|x|^2 + 1) sqrt(2 / pi). With 2 classes at logit gap d, the gap
+    moves by N(0, 2 s^2 (|x|^2 + 1)): ShPred = Phi(-|d| / (s sqrt(2 (|x|^2 + 1))))."""
+    D, s = 8, 0.05
+    x = torch.full((20, D), 0.5)  # |x|^2 = 2
+    model = torch.nn.Linear(D, 10)
+    got = R.sharpness(model, x, s, 400, torch.Generator().manual_seed(0))
+    assert got["shop"] == pytest.approx(10 * s * math.sqrt(3) * math.sqrt(2 / math.pi), rel=0.05)
+    two = torch.nn.Linear(D, 2)
+    with torch.no_grad():
+        two.weight.zero_()
+        two.bias.copy_(torch.tensor([0.0, 0.1]))  # gap d = 0.1 for every input
+    got = R.sharpness(two, x, s, 400, torch.Generator().manual_seed(0))
+    p = phi(-0.1 / (s * math.sqrt(2 * 3)))
+    assert abs(got["shpred"] - p) < 4 * math.sqrt(p * (1 - p) / 400) and got["shpred_stderr"] > 0
+
+
+def test_severity_k_uses_the_kth_constant(monkeypatch):
+    """corrupt(x, name, k) hands the corruption SEVERITY[name][k - 1]."""
+    seen = []
+    monkeypatch.setitem(C.CORRUPTIONS, "contrast", lambda x, c, g: seen.append(c) or x)
+    x = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    for k in range(1, 6):
+        C.corrupt(x, "contrast", k, None)
+    assert seen == C.SEVERITY["contrast"] == [0.75, 0.5, 0.4, 0.3, 0.15]

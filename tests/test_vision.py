@@ -2,6 +2,7 @@
 error, and short end-to-end runs on fake data."""
 
 import json
+import math
 import urllib.error
 import urllib.request
 
@@ -168,3 +169,212 @@ def test_patch_norm_blows_up_noise_on_a_blank_patch(name):
     without = [token_shift(["--no-patch-norm"], s) for s in (0.01, 1.0)]
     assert with_norm[0] > 0.3 * with_norm[1]
     assert without[0] == pytest.approx(without[1] / 100, rel=1e-3)
+
+
+# -----------------------------------------------------------------------------
+# what the numbers mean: known answers for the metrics, options that take effect, the data
+
+
+def phi(z):
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+class Fixed(nn.Module):
+    """A model with fixed logits per image: log-probabilities (log 0.5, log 0.25, log 0.25) for every input."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return torch.log(torch.tensor([0.5, 0.25, 0.25])).expand(len(x), 3) + self.w
+
+
+def test_evaluate_gives_the_known_loss_and_accuracy():
+    """Cross-entropy -log p(label) and accuracy = share of labels equal to the argmax (class 0), on any images."""
+    x = torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8)
+    y = torch.tensor([0] * 10 + [1] * 20 + [2] * 10)
+    loss, acc = vision.evaluate(Fixed(), x, y)
+    assert acc == 0.25
+    assert loss == pytest.approx((10 * math.log(2) + 30 * math.log(4)) / 40, rel=1e-6)
+
+
+def test_learning_rate_schedules():
+    """constant; step: halved every 8 epochs (the authors' StepLR); cosine: from the base to 0 over the epochs."""
+    assert vision.lr_at(13.5, 0.1, "constant", 20) == 0.1
+    assert [vision.lr_at(e, 0.1, "step", 50) for e in [0, 7.9, 8, 16.2, 24]] == pytest.approx([0.1, 0.1, 0.05,
+                                                                                              0.025, 0.0125])
+    assert [vision.lr_at(e, 0.1, "cosine", 10) for e in [0, 5, 10]] == pytest.approx([0.1, 0.05, 0.0], abs=1e-12)
+
+
+class Spy(torch.optim.SGD):
+    """SGD that records the learning rate of every step it takes."""
+
+    lrs = []
+
+    def step(self, closure=None):
+        Spy.lrs.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+def test_options_reach_the_optimizer(monkeypatch):
+    """--momentum and --weight-decay reach SGD, --optimizer adam makes Adam, --lr per model reaches each model
+    (others keep the paper's rate for the dataset; 0.01 on MNIST 0 vs 1), and the schedule sets every step's lr."""
+    model = nn.Linear(2, 2)
+    args = vision.parse_args(["--dataset", "fashionmnist", "--model", "cnn", "mlp", "--lr", "cnn=0.05",
+                              "--momentum", "0.9", "--weight-decay", "0.001"])
+    opt = vision.make_optimizer("cnn", model, args)
+    assert isinstance(opt, torch.optim.SGD)
+    assert opt.param_groups[0]["lr"] == 0.05 and opt.param_groups[0]["momentum"] == 0.9
+    assert opt.param_groups[0]["weight_decay"] == 0.001
+    assert vision.make_optimizer("mlp", model, args).param_groups[0]["lr"] == 0.1  # the paper's MLP rate
+    adam = vision.make_optimizer("vit", model, vision.parse_args(["--optimizer", "adam", "--lr", "3e-4"]))
+    assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["lr"] == 3e-4
+    mnist = vision.parse_args(["--dataset", "mnist01"])
+    assert vision.make_optimizer("vit", model, mnist).param_groups[0]["lr"] == 0.01
+    Spy.lrs = []
+    x, y = torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8), torch.randint(0, 10, (40,))
+    net = vision.build_model("mlp", vision.parse_args(["--dataset", "fake28", "--mlp-hidden", "8"]), 1, 28, 10)
+    vision.train_epoch(net, Spy(net.parameters(), lr=1.0), x, y, batch_size=10, gen=torch.Generator().manual_seed(0),
+                       lr_fn=lambda frac: 0.5 - frac)
+    assert Spy.lrs == pytest.approx([0.5, 0.25, 0.0, -0.25])
+
+
+def test_steps_trains_exactly_that_many_sgd_steps(tmp_path, monkeypatch):
+    """--steps 7 with 3 batches per epoch: 7 optimizer steps (the third epoch partial), whatever --epochs says."""
+    Spy.lrs = []
+    monkeypatch.setattr(torch.optim, "SGD", Spy)
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "8", "--n-train", "30", "--batch-size", "10",
+            "--steps", "7", "--epochs", "50", "--n-test", "10", "--n-sens", "2", "--out-dir", str(tmp_path)]
+    data = vision.main(vision.parse_args(argv))
+    assert len(Spy.lrs) == 7
+    assert data["runs"]["mlp/seed0"]["final"]["step"] == 7 and data["runs"]["mlp/seed0"]["final"]["epoch"] == 3
+
+
+def test_locality_self_attention_never_attends_to_itself():
+    """LSA masks the diagonal: with two tokens, each one's attention output is exactly the other's value."""
+    torch.manual_seed(0)
+    attn = vision.Attention(8, 2, 4, dropout=0.0, lsa=True).eval()
+    x = torch.randn(1, 2, 8)
+    v = attn.qkv(attn.norm(x)).view(1, 2, 3, 2, 4)[:, :, 2]  # (1, T, heads, hs)
+    expected = attn.out(v[:, [1, 0]].reshape(1, 2, 8))
+    assert torch.allclose(attn(x), expected, atol=1e-6)
+    plain = vision.Attention(8, 2, 4, dropout=0.0, lsa=False).eval()
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if k != "log_temperature"})
+    assert not torch.allclose(plain(x), expected, atol=1e-3)
+
+
+def test_the_data_split_depends_only_on_data_seed():
+    """The training subset is drawn by --data-seed: the same for every --seeds, another for another --data-seed;
+    the test set is the first --n-test test images."""
+    def subset(*flags):
+        args = vision.parse_args(["--dataset", "fake28", "--n-train", "50", "--n-test", "20", "--n-sens", "5", *flags])
+        return vision.prepare_data(args, torch.device("cpu"))
+
+    a, b, c = subset("--seeds", "0"), subset("--seeds", "7"), subset("--data-seed", "3")
+    assert torch.equal(a["train_x"], b["train_x"]) and torch.equal(a["train_y"], b["train_y"])
+    assert len(a["train_x"]) == 50 and not torch.equal(a["train_x"], c["train_x"])
+    full = vision.load_dataset("fake28", "", torch.device("cpu"))
+    assert torch.equal(a["test_x"], full["test_x"][:20])
+    rows = {tuple(r.flatten().tolist()) for r in full["train_x"]}
+    assert all(tuple(r.flatten().tolist()) in rows for r in a["train_x"])  # a subset of the training images
+
+
+class Oracle(nn.Module):
+    """Predicts the class of the training images (their bright top-left pixel) and nothing else; lr 0 leaves it so."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return torch.stack([-x[:, 0, 0, 0], x[:, 0, 0, 0]], 1) * 10 + 0 * self.w
+
+
+def test_train_and_test_accuracy_are_measured_on_their_own_sets(tmp_path, monkeypatch):
+    """A model right on every training image and wrong on every test image reports train accuracy 1 and test
+    accuracy 0: the two are computed on different sets, each over all of it."""
+    x = torch.zeros(20, 1, 28, 28, dtype=torch.uint8)
+    y = torch.arange(20) % 2
+    x[:, 0, 0, 0] = (y * 255).to(torch.uint8)
+    data = {"train_x": x, "train_y": y, "test_x": x[:10], "test_y": 1 - y[:10]}
+    monkeypatch.setattr(vision, "load_dataset", lambda *a: data)
+    monkeypatch.setattr(vision, "build_model", lambda *a: Oracle())
+    argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "1", "--lr", "1e-30", "--n-sens", "2",
+            "--out-dir", str(tmp_path)]
+    final = vision.main(vision.parse_args(argv))["runs"]["mlp/seed0"]["final"]
+    assert final["train_acc"] == 1.0 and final["test_acc"] == 0.0
+
+
+class PatchThreshold(nn.Module):
+    """Class 1 iff the mean of patch k (4x4 grid, 7x7 patches of 28x28 images) exceeds 0."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, img):
+        v = patchify(img, 7)[:, self.k].mean(1)
+        return torch.stack([torch.zeros_like(v), v], 1)
+
+
+def test_sweep_follows_the_closed_form_at_every_sigma():
+    """The mean of D = 49 noisy values moves by N(0, sigma^2 / D): a patch at mean a flips with probability
+    Phi(-a sqrt(D) / sigma) at every sigma of the sweep, and no other patch flips."""
+    images = torch.full((300, 1, 28, 28), 0.2)
+    sens = vision.measure_sensitivity(PatchThreshold(6), images, 7, [0.3, 1.0, 3.0, 10.0], ["patch"], seed=0, reps=4)
+    for sigma in [0.3, 1.0, 3.0, 10.0]:
+        s = sens[f"patch:{sigma:g}"]
+        p = phi(-0.2 * 7 / sigma)
+        assert abs(s.per_position[6].item() - p) < 4 * math.sqrt(p * (1 - p) / 1200) + 1e-9, (sigma, p)
+        assert s.per_position.sum().item() == s.per_position[6].item()
+
+
+def test_paired_difference_of_two_models_on_the_same_noise():
+    """Two one-patch models (margins 0.1 and 0.4) measured with the same seed: per image, the difference of their
+    flip rates averages (Phi(-0.1 * 7) - Phi(-0.4 * 7)) / 16 at sigma 1, within its standard error over images."""
+    images = torch.zeros(400, 1, 28, 28)
+    images[:, :, :7, :7], images[:, :, 7:14, :7] = 0.1, 0.4  # patch 0 at 0.1, patch 4 at 0.4
+    runs = {}
+    for name, k in [("vit", 4), ("mlp", 0)]:
+        s = vision.measure_sensitivity(PatchThreshold(k), images, 7, [1.0], ["patch"], seed=3, reps=2)["patch:1"]
+        runs[f"{name}/seed0"] = {"history": [], "final": {"per_image": {"patch:1": s.per_input.tolist()},
+                                                          "sens_at": {"patch:1": {"sens": s.mean}}}}
+    p = vision.paired_differences(runs)
+    d = p["models"]["mlp"]["diff"]["patch:1"]
+    expected = (phi(-0.7) - phi(-2.8)) / 16
+    se = d["per_seed"]["seed0"][1]
+    assert p["reference"] == "vit" and abs(d["mean"] - expected) < 4 * se and se > 0
+
+
+def test_crossover_and_matched_accuracy_on_made_up_numbers():
+    """Crossover: where the seed-mean curves cross, interpolated on log sigma. Matched accuracy: the sensitivity
+    where train accuracy first reaches each level, linearly interpolated between evaluations."""
+    finals = {"vit/seed0": {"sens_at": {"patch:1": {"sens": 0.2}, "patch:10": {"sens": 0.5}}},
+              "mlp/seed0": {"sens_at": {"patch:1": {"sens": 0.1}, "patch:10": {"sens": 0.7}}}}
+    (sigma,) = vision.crossovers(finals, "mlp", "vit")["patch"]
+    assert sigma == pytest.approx(10 ** (1 / 3))  # d goes -0.1 -> +0.2: a third of the way in log sigma
+    h = [{"epoch": 0, "train_acc": 0.1, "sens@x": 0.0}, {"epoch": 5, "train_acc": 0.7, "sens@x": 0.3},
+         {"epoch": 10, "train_acc": 0.9, "sens@x": 0.1}]
+    got = vision.at_train_accuracy(h, [0.05, 0.8, 0.95], ["sens@x"])
+    assert got["0.05"] == {"epoch": 0.0, "sens@x": 0.0} and got["0.95"] is None
+    assert got["0.8"]["epoch"] == pytest.approx(7.5) and got["0.8"]["sens@x"] == pytest.approx(0.2)
+
+
+def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
+    """The authors' mask: per draw p^2 (row, column) pairs with replacement; every copy of the batch has noise on
+    exactly those pixels (all channels), so as many as there are distinct pairs, at most p^2."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.zeros(5, 3, 32, 32)
+    copies, masks = vision.scattered_copies(images, 4, 1.0, 6, g)
+    assert copies.shape == (30, 3, 32, 32) and masks.shape == (6, 32, 32)
+    g = torch.Generator().manual_seed(0)
+    rows, cols = torch.randint(32, (6, 16), generator=g), torch.randint(32, (6, 16), generator=g)
+    for d in range(6):
+        distinct = len(set(zip(rows[d].tolist(), cols[d].tolist())))
+        assert masks[d].sum() == distinct <= 16
+        for b in range(5):
+            changed = (copies[d * 5 + b] != 0).any(0)
+            assert torch.equal(changed, masks[d])
+    s = vision.scattered_sensitivity(PatchThreshold(0), torch.zeros(10, 1, 28, 28) + 0.01, 7, 1.0, 16, seed=0)
+    assert s.evaluations == 160 and 0 < s.mean < 1

@@ -1,0 +1,209 @@
+"""Mutation testing of the metric, loss and option code: does the test suite notice a one-line bug?
+
+Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator,
+a number, a reduction such as mean <-> sum, a keyword argument dropped, a statement removed), in a scratch copy of
+the repository, and runs that file's tests; a mutant is killed when they fail. A developer check, not part of the
+test suite (it takes from minutes to an hour, one pytest run per mutant):
+
+    python tools/mutate.py                        # every target, one process per core
+    python tools/mutate.py --files robustness.py --jobs 1
+    python tools/mutate.py --list                 # only print the mutants
+
+It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
+Standard library only; no mutation package is needed.
+"""
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the metric, loss and option code of each file, and the tests that guard it
+TARGETS = {
+    "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
+                   "summarise", "paired_differences", "check_args", "subset_size", "Results.diverged"],
+                  ["tests/test_common.py", "tests/test_cli.py"]),
+    "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
+                   "scattered_sensitivity", "paired_differences", "crossovers", "at_train_accuracy", "lr_at",
+                   "train_epoch", "make_optimizer", "default_lr", "parse_lrs", "prepare_data", "Attention.forward"],
+                  ["tests/test_vision.py"]),
+    "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
+                      "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__"],
+                     ["tests/test_synthetic.py"]),
+    "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
+                     "Block.attend", "paired"], ["tests/test_language.py"]),
+    "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
+                       "Normalize.forward"], ["tests/test_robustness.py"]),
+    "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity", "phases"], ["tests/test_grokking.py"]),
+    "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity"],
+                  ["tests/test_parity.py"]),
+}
+BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+          ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
+COMPARE = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq,
+           ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+METHODS = {"mean": "sum", "sum": "mean", "max": "min", "min": "max", "argmax": "argmin", "amax": "amin",
+           "amin": "amax", "std": "var", "sqrt": "abs", "softmax": "log_softmax", "relu": "abs"}
+
+
+def mutations(func):
+    """(node, description, apply) for every one-node change of a function's AST; apply() edits it in place and
+    returns an undo."""
+    out = []
+    for node in ast.walk(func):
+        if isinstance(node, ast.BinOp) and type(node.op) in BINOPS:
+            old = node.op
+            out.append((node, f"{type(old).__name__} -> {BINOPS[type(old)].__name__}",
+                        lambda n=node, o=old: (setattr(n, "op", BINOPS[type(o)]()), lambda: setattr(n, "op", o))[1]))
+        elif isinstance(node, ast.Compare):
+            for i, op in enumerate(node.ops):
+                if type(op) in COMPARE:
+                    def flip(n=node, i=i, o=op):
+                        n.ops[i] = COMPARE[type(o)]()
+                        return lambda: n.ops.__setitem__(i, o)
+                    out.append((node, f"{type(op).__name__} -> {COMPARE[type(op)].__name__}", flip))
+        elif isinstance(node, ast.BoolOp):
+            old = node.op
+            new = ast.Or if isinstance(old, ast.And) else ast.And
+            out.append((node, f"{type(old).__name__} -> {new.__name__}",
+                        lambda n=node, o=old, w=new: (setattr(n, "op", w()), lambda: setattr(n, "op", o))[1]))
+        elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
+            old = node.value
+            new = (old + 1 if old != 1 else 0) if isinstance(old, int) else (old * 2 if old else 1.0)
+            out.append((node, f"{old!r} -> {new!r}",
+                        lambda n=node, o=old, w=new: (setattr(n, "value", w), lambda: setattr(n, "value", o))[1]))
+        elif isinstance(node, ast.Attribute) and node.attr in METHODS:
+            old = node.attr
+            out.append((node, f".{old} -> .{METHODS[old]}",
+                        lambda n=node, o=old: (setattr(n, "attr", METHODS[o]), lambda: setattr(n, "attr", o))[1]))
+        elif isinstance(node, ast.Call):
+            for i, kw in enumerate(node.keywords):
+                if kw.arg not in (None, "device"):  # device=: equivalent on the CPU where the tests run
+                    def drop(n=node, i=i, k=kw):
+                        n.keywords.pop(i)
+                        return lambda: n.keywords.insert(i, k)
+                    out.append((node, f"drop {kw.arg}=", drop))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            def unwrap(n=node):
+                saved = n.op
+                n.op = ast.UAdd()
+                return lambda: setattr(n, "op", saved)
+            out.append((node, f"drop {type(node.op).__name__}", unwrap))
+        for field in ["body", "orelse"]:  # statements that do something without a name depending on them
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and node is not func:
+                for i, s in enumerate(stmts):
+                    if isinstance(s, (ast.Expr, ast.AugAssign)) and not isinstance(getattr(s, "value", None),
+                                                                                   ast.Constant):
+                        def delete(st=stmts, i=i, s=s):
+                            st[i] = ast.Pass()
+                            return lambda: st.__setitem__(i, s)
+                        out.append((s, f"delete `{ast.unparse(s)[:50]}`", delete))
+    return out
+
+
+def find(tree, name):
+    """The FunctionDef `name` or `Class.name` of a module."""
+    scope = tree.body
+    *outer, last = name.split(".")
+    for part in outer:
+        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == part).body
+    return next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == last)
+
+
+def mutants(path, names):
+    """Every mutant of the listed functions of one file: (function, line, description, mutated source)."""
+    source = open(os.path.join(ROOT, path)).read()
+    lines = source.splitlines(keepends=True)
+    tree = ast.parse(source)
+    for name in names:
+        func = find(tree, name)
+        start = min([func.lineno] + [d.lineno for d in func.decorator_list]) - 1
+        indent = " " * func.col_offset
+        for node, what, apply in mutations(func):
+            undo = apply()
+            ast.fix_missing_locations(func)
+            body = "".join(indent + line + "\n" for line in ast.unparse(func).splitlines())
+            undo()
+            yield name, getattr(node, "lineno", func.lineno), what, "".join(lines[:start]) + body + "".join(
+                lines[func.end_lineno:])
+
+
+def run(copy, path, source, tests, timeout):
+    """Whether the tests fail (the mutant is killed) with `source` in place of `path` in the scratch copy."""
+    target = os.path.join(copy, path)
+    original = open(target).read()
+    with open(target, "w") as fh:
+        fh.write(source)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=copy, capture_output=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return done.returncode != 0
+    except subprocess.TimeoutExpired:
+        return True  # an infinite loop is a failure the user would notice
+    finally:
+        with open(target, "w") as fh:
+            fh.write(original)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", nargs="+", default=list(TARGETS), choices=list(TARGETS), help="files to mutate")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants run side by side")
+    p.add_argument("--timeout", type=int, default=300, help="seconds before a mutant's test run counts as failed")
+    p.add_argument("--list", action="store_true", help="only list the mutants")
+    p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
+    args = p.parse_args()
+    todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, TARGETS[path][0])]
+    if args.list:
+        for path, name, line, what, _, _ in todo:
+            print(f"{path}:{line} {name}: {what}")
+        print(f"{len(todo)} mutants")
+        return
+    copies = []
+    for _ in range(args.jobs):  # one scratch copy of the repository per worker
+        copy = tempfile.mkdtemp(prefix="mutate-")
+        shutil.copytree(ROOT, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "out", ".venv",
+                                                                                       "__pycache__", "*.pt"))
+        copies.append(copy)
+    t0, results = time.time(), []
+
+    def work(i):
+        path, name, line, what, source, tests = todo[i]
+        killed = run(copies[i % args.jobs], path, source, tests, args.timeout)
+        print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {'killed  ' if killed else 'SURVIVED'} {path}:{line} "
+              f"{name}: {what}", flush=True)
+        return {"file": path, "function": name, "line": line, "mutation": what, "killed": killed}
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # each worker owns one copy: mutant i runs in copy i mod jobs
+        for j in range(0, len(todo), args.jobs):
+            results += pool.map(work, range(j, min(j + args.jobs, len(todo))))
+    for copy in copies:
+        shutil.rmtree(copy, ignore_errors=True)
+    print("\nsurvivors (the tests missed these):")
+    for r in results:
+        if not r["killed"]:
+            print(f"  {r['file']}:{r['line']} {r['function']}: {r['mutation']}")
+    summary = {}
+    for path in args.files:
+        rs = [r for r in results if r["file"] == path]
+        summary[path] = {"mutants": len(rs), "killed": sum(r["killed"] for r in rs)}
+        print(f"{path}: {summary[path]['killed']}/{len(rs)} killed ({summary[path]['killed'] / max(len(rs), 1):.0%})")
+    total = sum(s["killed"] for s in summary.values()), sum(s["mutants"] for s in summary.values())
+    print(f"all: {total[0]}/{total[1]} killed ({total[0] / max(total[1], 1):.1%}) in {time.time() - t0:.0f}s")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"summary": summary, "mutants": results}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
