@@ -97,6 +97,7 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
 
+@pytest.mark.slow
 def test_language_sizes_and_files(tmp_path, capsys):
     """Language sizes are checked against the pairs there are; a truncated row and a label of 2 name file and line."""
     data = write_mrpc(tmp_path / "glue" / "MRPC")
@@ -118,6 +119,7 @@ def test_language_sizes_and_files(tmp_path, capsys):
     assert code == 2 and "train.tsv not found" in err and "--download" in err
 
 
+@pytest.mark.slow
 def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkeypatch):
     """A present but damaged Fashion-MNIST file gets its own message naming it; a missing one says where to put it."""
     import urllib.error
@@ -159,6 +161,7 @@ DIVERGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(DIVERGE))
 def test_a_diverged_run_exits_3_and_keeps_its_metrics(script, tmp_path, capsys):
     """--lr 1e6 destroys the model: no sensitivity is reported for it; exit 3; metrics.json marks the run."""
@@ -180,6 +183,7 @@ def test_a_diverged_run_exits_3_and_keeps_its_metrics(script, tmp_path, capsys):
 # Ctrl-C: exit code 130, the metrics so far, "interrupted": true
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
     real = vision.train_epoch
     calls = []
@@ -201,6 +205,7 @@ def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
     assert [h["epoch"] for h in data["runs"]["mlp/seed0"]["history"]] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_metrics_json_is_strict_and_world_readable(tmp_path):
     """One seed's stderr is NaN: written as null, never as a bare NaN; the file has the figures' permissions."""
     argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "1", "--n-train", "50", "--n-test", "20",

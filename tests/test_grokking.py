@@ -61,6 +61,7 @@ def test_phases():
     assert grokking.phases(hist[:2]) == (100, None)
 
 
+@pytest.mark.slow
 def test_end_to_end(tmp_path):
     argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
             "--seeds", "0", "1", "--save-every", "4", "--out-dir", str(tmp_path), "--run-name", "t"]
@@ -130,6 +131,7 @@ def test_evaluate_weight_norm_and_sets():
     assert train.sum() == 36 and (~train).sum() == 121 - 36  # disjoint and complete
 
 
+@pytest.mark.slow
 def test_a_short_run_memorises(tmp_path):
     """300 full-batch AdamW epochs on (a + b) mod 11: the training pairs are memorised (accuracy 1, found as the
     memorisation epoch) while the held-out pairs are not."""

@@ -145,6 +145,7 @@ def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypat
         language.download("mrpc", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_end_to_end(tmp_path):
     write_mrpc(tmp_path / "MRPC", PAIRS * 5, "train.tsv")
     write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
@@ -260,6 +261,7 @@ def test_mrpc_download_puts_every_pair_in_exactly_one_split(tmp_path, monkeypatc
     assert not {a for a, _, _ in train} & {a for a, _, _ in dev}
 
 
+@pytest.mark.slow
 def test_a_short_run_learns_a_separable_task(tmp_path):
     """Label 1 iff sentence A starts with "yes": the encoder reaches train and test accuracy 1 within 90 steps,
     and its sensitivity falls from initialisation to the end."""

@@ -50,6 +50,7 @@ def test_estimator_agrees_with_the_exact_reference_on_a_model():
     assert s.mean * 10 == pytest.approx(exact, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_end_to_end(tmp_path, monkeypatch):
     made = []
     real_adamw = torch.optim.AdamW
@@ -108,6 +109,7 @@ def test_test_inputs_are_never_training_inputs():
         parity.make_task(4, 2, 500, 10, data_seed=0)
 
 
+@pytest.mark.slow
 def test_a_short_run_learns_the_parity(tmp_path):
     """300 steps on n = 8, k = 2: test accuracy 1 and Boolean sensitivity exactly k, all on the relevant bits, the
     exact Fourier value agreeing."""

@@ -37,6 +37,7 @@ def test_sharpness_with_zero_std_is_zero_and_leaves_weights_untouched():
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BatchNorm stats too
 
 
+@pytest.mark.slow
 def test_end_to_end_and_from_vision(tmp_path):
     small = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "32", "--n-train", "60",
              "--n-sens", "5", "--epochs", "1", "--out-dir", str(tmp_path), "--dataset", "fake28"]
@@ -64,6 +65,7 @@ def test_end_to_end_and_from_vision(tmp_path):
     assert set(data["runs"]) == {"mlp-vanilla/seed0"} and "shop" in data["runs"]["mlp-vanilla/seed0"]["final"]
 
 
+@pytest.mark.slow
 def test_training_honours_vision_flags(tmp_path, monkeypatch):
     """robustness.py trains through vision.train_one, so vision's flags (here --optimizer adam) take effect."""
     made = []
@@ -119,6 +121,7 @@ def test_our_models_are_evaluated_on_0_1_images_through_normalize():
     assert torch.allclose(wrapped(x.float() / 255), model(vision.normalize(x)), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_fake_release_and_the_paper_fig9_models_end_to_end(tmp_path, monkeypatch):
     """--paper-fig9 trains the six models of Fig. 9 and reads all 19 corruptions from a fake release; metrics hold
     the accuracy per corruption and severity, both means, and the sensitivity-robustness correlation. (ResNet-18 and

@@ -49,6 +49,7 @@ def without_time(runs):
                         for run, r in runs.items()})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(RUNS))
 def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monkeypatch, capsys):
     """Ctrl-C in the middle of training writes checkpoint.pt (the state at the last evaluation) and exits 130;
@@ -85,6 +86,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
     assert "interrupted" not in json.loads((cut / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path):
     """torchrun --nproc_per_node=2 (gloo on this CPU): the global batch is split across the ranks, so training,
     evaluation and the sharded sensitivity give the single process's numbers (loss within 1e-3), and rank 0 alone

@@ -84,6 +84,7 @@ def test_bad_sizes_are_rejected():
             synthetic.parse_args(argv)
 
 
+@pytest.mark.slow
 def test_end_to_end(tmp_path):
     """A 2-step run of both presets writes metrics.json with the documented keys, and the figure."""
     args = synthetic.parse_args(["--steps", "2", "--eval-every", "1", "--seeds", "0", "1", "--n-train", "200",
@@ -139,6 +140,7 @@ def test_the_data_depend_only_on_data_seed():
     assert not torch.equal(a["train"][0], c["train"][0])
 
 
+@pytest.mark.slow
 def test_a_short_run_learns_the_less_sensitive_feature(tmp_path):
     """300 SGD steps: in sparse-lower the model relies on the sparse tokens (OOD accuracy near 0), in frequent-lower
     on the frequent ones (OOD accuracy near 1); either way its sensitivity ends below the more sensitive candidate's."""

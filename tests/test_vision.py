@@ -97,6 +97,7 @@ def test_learning_rates_per_model():
     assert vision.parse_args(["--model", "cnn"]).lr == {} and vision.default_lr("cnn", "fashionmnist") == 0.005
 
 
+@pytest.mark.slow
 def test_end_to_end_on_fake_data(tmp_path):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures."""
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
@@ -119,6 +120,7 @@ def test_end_to_end_on_fake_data(tmp_path):
     vision.main(vision.parse_args(["--plot", str(folder)]))
 
 
+@pytest.mark.slow
 def test_pretrained_mode_offline_with_random_weights(tmp_path):
     """--pretrained on an ImageFolder, with torchvision's ConvNeXt-Tiny built without weights (no download)."""
     from PIL import Image
@@ -132,6 +134,7 @@ def test_pretrained_mode_offline_with_random_weights(tmp_path):
     assert 0 <= final["sens"] <= 1 and "sens_stderr" in final
 
 
+@pytest.mark.slow
 def test_compile_flag_runs_the_compiled_model(tmp_path, monkeypatch):
     """--compile trains and measures through torch.compile. The test traces with TorchDynamo's 'eager' backend
     (no code generation, seconds); the default inductor backend was checked by hand (minutes of compiling on a CPU)."""
@@ -240,6 +243,7 @@ def test_options_reach_the_optimizer(monkeypatch):
     assert Spy.lrs == pytest.approx([0.5, 0.25, 0.0, -0.25])
 
 
+@pytest.mark.slow
 def test_steps_trains_exactly_that_many_sgd_steps(tmp_path, monkeypatch):
     """--steps 7 with 3 batches per epoch: 7 optimizer steps (the third epoch partial), whatever --epochs says."""
     Spy.lrs = []
@@ -291,6 +295,7 @@ class Oracle(nn.Module):
         return torch.stack([-x[:, 0, 0, 0], x[:, 0, 0, 0]], 1) * 10 + 0 * self.w
 
 
+@pytest.mark.slow
 def test_train_and_test_accuracy_are_measured_on_their_own_sets(tmp_path, monkeypatch):
     """A model right on every training image and wrong on every test image reports train accuracy 1 and test
     accuracy 0: the two are computed on different sets, each over all of it."""
