@@ -15,12 +15,15 @@ import robustness as R
 import vision
 
 
-def test_regulariser_noise_touches_one_patch_per_image():
-    x = torch.zeros(16, 3, 32, 32)
-    y = R.random_patch_noise(x, 8, 1.0, torch.Generator().manual_seed(0))
-    from common import patchify
-    touched = (patchify(y, 8) != 0).any(-1).sum(1)
-    assert (touched == 1).all()
+def test_regulariser_noise_is_one_patch_of_the_stated_std():
+    """N(0, std^2) on every value of exactly one patch of the grid per image, nothing elsewhere."""
+    x = torch.zeros(400, 3, 32, 32)
+    y = R.random_patch_noise(x, 8, 0.7, torch.Generator().manual_seed(0))
+    tokens = patchify(y, 8)  # (400, 16, 192)
+    touched = (tokens != 0).any(-1)
+    assert (touched.sum(1) == 1).all() and (tokens[touched] != 0).all()
+    assert tokens[touched].std().item() == pytest.approx(0.7, rel=0.02) and abs(tokens[touched].mean()) < 0.01
+    assert len(set(touched.float().argmax(1).tolist())) == 16  # every patch gets picked
 
 
 def test_sharpness_with_zero_std_is_zero_and_leaves_weights_untouched():
@@ -218,3 +221,21 @@ def test_severity_k_uses_the_kth_constant(monkeypatch):
     for k in range(1, 6):
         C.corrupt(x, "contrast", k, None)
     assert seen == C.SEVERITY["contrast"] == [0.75, 0.5, 0.4, 0.3, 0.15]
+
+
+def test_the_readme_example_evaluates_a_torchvision_model(tmp_path):
+    """The README's example, offline: torchvision's ResNet-18 behind a Normalize module, on uint8 CIFAR-sized images,
+    against a (fake) release: every key the example reads is there."""
+    import torchvision
+
+    release = tmp_path / "CIFAR-10-C"
+    release.mkdir()
+    np.save(release / "labels.npy", np.arange(25, dtype=np.uint8) % 5)  # 5 severities x 5 images
+    for name in ["snow", "fog"]:
+        np.save(release / f"{name}.npy", np.random.default_rng(0).integers(0, 256, (25, 32, 32, 3), dtype=np.uint8))
+    net = torchvision.models.resnet18(num_classes=10)
+    model = torch.nn.Sequential(R.Normalize([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]), net).eval()
+    images, labels = torch.randint(0, 256, (5, 3, 32, 32), dtype=torch.uint8), torch.arange(5)
+    acc = R.evaluate_corruptions(model, images, labels, cifar10c_dir=str(release), corruptions=["snow", "fog"])
+    assert 0 <= acc["clean_acc"] <= 1 and 0 <= acc["mean_corruption_acc"] <= 1
+    assert set(acc["corruption_acc"]["snow"]) == {"1", "2", "3", "4", "5"} and acc["mean_extra_acc"] is None

@@ -1,0 +1,56 @@
+"""GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains
+in bf16 and still measures in float32, --compile with the default (inductor) backend runs."""
+
+import math
+
+import pytest
+import torch
+
+import vision
+from common import gaussian, patchify, sensitivity, unpatchify
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+SMALL = ["--dataset", "fake28", "--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16",
+         "--mlp-hidden", "16", "--epochs", "1", "--n-train", "200", "--n-test", "50", "--n-sens", "50"]
+
+
+def test_estimator_on_cuda_agrees_with_the_cpu():
+    """The same model and images: the sensitivity on CUDA is the CPU's within their standard errors (the noise
+    streams differ between devices)."""
+    torch.manual_seed(0)
+    model = vision.build_model("vit", vision.parse_args(SMALL), 1, 28, 10).eval()
+    images = torch.randn(300, 1, 28, 28)
+    out = {}
+    for device in ["cpu", "cuda"]:
+        m, x = model.to(device), patchify(images.to(device), 7)
+        f = lambda xb, idx, m=m: m(unpatchify(xb, 7, (1, 28, 28)))  # noqa: E731
+        out[device] = sensitivity(f, x, gaussian(2.0), reps=4, seed=0)
+    assert abs(out["cpu"].mean - out["cuda"].mean) < 4 * math.hypot(out["cpu"].stderr, out["cuda"].stderr)
+    assert out["cpu"].mean > 0.01
+
+
+def test_amp_trains_in_bf16_and_measures_in_float32(tmp_path, monkeypatch):
+    """--amp runs the training forward under bf16 autocast, and the evaluation and the sensitivity outside it."""
+    autocast = []
+    real = torch.autocast
+
+    def spy(device_type, dtype=None, enabled=True, **kw):
+        autocast.append(enabled)
+        return real(device_type, dtype=dtype, enabled=enabled, **kw)
+
+    monkeypatch.setattr(torch, "autocast", spy)
+    seen = []
+    real_sens = vision.measure_sensitivity
+    monkeypatch.setattr(vision, "measure_sensitivity", lambda *a, **k: seen.append(torch.is_autocast_enabled())
+                        or real_sens(*a, **k))
+    data = vision.main(vision.parse_args(SMALL + ["--model", "mlp", "--amp", "--device", "cuda",
+                                                  "--out-dir", str(tmp_path)]))
+    assert any(autocast) and seen and not any(seen)
+    assert 0 <= data["runs"]["mlp/seed0"]["final"]["sens"] <= 1
+
+
+def test_compile_with_the_default_backend(tmp_path):
+    """--compile with inductor (code generation on the GPU) trains and measures."""
+    data = vision.main(vision.parse_args(SMALL + ["--model", "mlp", "--compile", "--device", "cuda",
+                                                  "--out-dir", str(tmp_path)]))
+    assert 0 <= data["runs"]["mlp/seed0"]["final"]["train_acc"] <= 1
