@@ -578,11 +578,14 @@ class Results:
             self.first_loss[run] = history[0]["train_loss"]
         return snap
 
-    def checkpoint(self, run, snap, write):
-        """Keep `snap` as the latest training state, and write it to checkpoint.pt now if `write` (every
-        --save-every): atomically, a temp file renamed. Ctrl-C inside recording() writes the latest one."""
-        self.latest = (run, snap)
-        if write:
+    def checkpoint(self, run, step, evaluating, save_every, model, opt, generators=(), **extra):
+        """Called at the top of every step of a training loop: at an evaluation, or every save_every steps, keep a
+        snapshot of the state after `step` steps as the latest (Ctrl-C inside recording() writes it), and every
+        save_every steps also write it to checkpoint.pt now (atomically: a temp file, renamed)."""
+        saving = bool(save_every) and step % save_every == 0
+        if evaluating or saving:
+            self.latest = (run, snapshot(step, model, opt, generators, **extra))
+        if saving:
             self.write_checkpoint()
 
     def write_checkpoint(self):
@@ -693,6 +696,15 @@ def save_figure(fig, path):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def save_combined(script, data, args, plot):
+    """Write results combined from several --plot folders to a new run folder (the sources are never written to)
+    and draw its figures there."""
+    folder = new_run_dir(script, args.run_name or "combined", args.out_dir)
+    write_json(os.path.join(folder, "metrics.json"), data)
+    print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
+    return data
 
 
 def merge_results(folders, script):

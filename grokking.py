@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
+                    save_figure, seed_all, sensitivity, setup, start_run)
 
 
 def parse_args(argv=None):
@@ -195,9 +195,7 @@ def train_one(args, seed, data, results, folder, device):
     t0 = time.time()
     for epoch in range(start, args.epochs + 1):
         evaluating = epoch % args.eval_every == 0 or epoch == args.epochs
-        saving = args.save_every and epoch % args.save_every == 0
-        if evaluating or saving:  # the state after `epoch` steps: Ctrl-C writes it, --save-every now
-            results.checkpoint(run, snapshot(epoch, model, opt), write=saving)
+        results.checkpoint(run, epoch, evaluating, args.save_every, model, opt)  # for --resume
         if evaluating:
             row = {"epoch": epoch, **evaluate(model, tokens, labels, train)}
             if results.diverged(run, epoch, row["train_loss"], "epoch"):

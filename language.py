@@ -28,9 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, all_sum, check_args, cli, gaussian, load_results, merge_results, model_of,
-                    new_run_dir, paired_differences, plot_curves, pyplot, ranks, restore, resumed_args, save_figure,
-                    seed_all, sensitivity, setup, snapshot, start_run, subset_size, write_json)
+from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of,
+                    paired_differences, plot_curves, pyplot, ranks, restore, resumed_args, save_combined, save_figure,
+                    seed_all, sensitivity, setup, start_run, subset_size)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -549,10 +549,8 @@ def train_one(name, attn, seed, args, data, vocab, results):
     t0 = time.time()
     for step in range(start, num_steps + 1):
         evaluating = step % args.eval_every == 0 or step == num_steps
-        saving = args.save_every and step % args.save_every == 0
-        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
-            results.checkpoint(run, snapshot(step, model, opt, [gen], seen=seen, perm=perm,
-                                             per_image_init=per_image_init), write=saving)
+        results.checkpoint(run, step, evaluating, args.save_every, model, opt, [gen], seen=seen, perm=perm,
+                           per_image_init=per_image_init)  # for --resume
         if evaluating:
             row = {"step": step, "examples": seen}
             row["train_loss"], row["train_acc"], row["majority_share"] = evaluate(model, x, y)
@@ -673,14 +671,11 @@ def main(args):
         if len(args.plot) == 1:
             print("wrote", *plot(load_results(args.plot[0], "language"), args.plot[0]))
             return None
-        data = merge_results(args.plot, "language")  # a new folder: the sources are never written to
+        data = merge_results(args.plot, "language")
         data["paired"] = paired(data["runs"], [f"{m}-{a}" if m != "lstm" else m for m in data["args"]["model"]
                                                for a in data["args"]["attn"]])
-        folder = new_run_dir("language", args.run_name or "combined", args.out_dir)
-        write_json(os.path.join(folder, "metrics.json"), data)
         summary(data)
-        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
-        return data
+        return save_combined("language", data, args, plot)
     device = setup(args)
     if args.resume:
         args = resumed_args(args, "language")

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (ArgumentParser, check_args, cli, flip, load_results, plot_curves, pyplot, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
+                    save_figure, seed_all, sensitivity, setup, start_run)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]. With n = 20, k = 3,
 # batch 64 at lr 1e-3 did not learn in 15,000 steps on our CPU; batch 256 with AdamW weight decay 0.1 did in 6,000.
@@ -253,9 +253,7 @@ def train_one(args, s, seed, task, results, device):
     t0 = time.time()
     for step in range(start, args.steps + 1):
         evaluating = step % args.eval_every == 0 or step == args.steps
-        saving = args.save_every and step % args.save_every == 0
-        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
-            results.checkpoint(run, snapshot(step, model, opt, [gen]), write=saving)
+        results.checkpoint(run, step, evaluating, args.save_every, model, opt, [gen])  # for --resume
         if evaluating:
             row = {"step": step, **evaluate(model, sets)}
             if results.diverged(run, step, row["train_loss"]):

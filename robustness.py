@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 import vision
-from common import (ArgumentParser, check_args, cli, load_results, merge_results, model_of, new_run_dir, patchify,
-                    plot_curves, pyplot, ranks, resumed_args, save_figure, seed_all, setup, start_run, subset_size,
-                    unpatchify, write_json)
+from common import (ArgumentParser, check_args, cli, load_results, merge_results, model_of, patchify, plot_curves,
+                    pyplot, ranks, resumed_args, save_combined, save_figure, seed_all, setup, start_run, subset_size,
+                    unpatchify)
 from corruptions import EXTRA, SEVERITY, STANDARD, corrupt, load_frost, read_release
 
 # -----------------------------------------------------------------------------
@@ -332,12 +332,9 @@ def main(args):
             summary(data)
             print("wrote", *plot(data, args.plot[0]))
             return None
-        data = merge_results(args.plot, "robustness")  # a new folder: the sources are never written to
+        data = merge_results(args.plot, "robustness")
         data["summary"] = summary(data)
-        folder = new_run_dir("robustness", args.run_name or "combined", args.out_dir)
-        write_json(os.path.join(folder, "metrics.json"), data)
-        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
-        return data
+        return save_combined("robustness", data, args, plot)
     device = setup(args)
     if args.resume:
         args = resumed_args(args, "robustness")

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (ArgumentParser, check_args, cli, load_results, plot_curves, pyplot, replace, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, snapshot, start_run)
+                    save_figure, seed_all, sensitivity, setup, start_run)
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -269,9 +269,7 @@ def train_one(args, label, sizes, seed, results, device):
     t0 = time.time()
     for step in range(start, args.steps + 1):
         evaluating = step % args.eval_every == 0 or step == args.steps
-        saving = args.save_every and step % args.save_every == 0
-        if evaluating or saving:  # the state after `step` steps: Ctrl-C writes it, --save-every now
-            results.checkpoint(run, snapshot(step, model, opt, [order]), write=saving)
+        results.checkpoint(run, step, evaluating, args.save_every, model, opt, [order])  # for --resume
         if evaluating:
             row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x)}
             if results.diverged(run, step, row["train_loss"]):

@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, all_sum, check_args, cli, gaussian, load_results, merge_results, model_of,
-                    new_run_dir, not_finite, patchify, plot_curves, predict, pyplot, ranks, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, snapshot, start_run, subset_size, summarise, unpatchify,
-                    write_json)
+from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of,
+                    not_finite, patchify, plot_curves, predict, pyplot, ranks, restore, resumed_args, save_combined,
+                    save_figure, seed_all, sensitivity, setup, start_run, subset_size, summarise, unpatchify)
 from common import paired_differences as common_paired
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
@@ -783,9 +782,7 @@ def train_one(name, seed, args, data, shape, results, device, folder, run=None, 
     for epoch in range(start, epochs + 1):
         step = min(epoch * steps_per_epoch, num_steps)
         evaluating = epoch % args.eval_every == 0 or epoch == epochs
-        saving = args.save_every and epoch % args.save_every == 0
-        if evaluating or saving:  # the state after `epoch` epochs: Ctrl-C writes it, --save-every now
-            results.checkpoint(run, snapshot(epoch, model, opt, generators), write=saving)
+        results.checkpoint(run, epoch, evaluating, args.save_every, model, opt, generators)  # for --resume
         if evaluating:
             row = {"epoch": epoch, "step": step}
             row["train_loss"], row["train_acc"] = evaluate(measured, x, y)
@@ -997,12 +994,9 @@ def main(args):
             data = load_results(args.plot[0], "vision")
             print("wrote", *plot(data, args.plot[0]))
             return None
-        data = combine(args.plot)  # a new folder: the sources are never written to
-        folder = new_run_dir("vision", args.run_name or "combined", args.out_dir)
-        write_json(os.path.join(folder, "metrics.json"), data)
+        data = combine(args.plot)
         summary(data)
-        print("wrote", os.path.join(folder, "metrics.json"), *plot(data, folder))
-        return data
+        return save_combined("vision", data, args, plot)
     device = setup(args)
     if args.resume:
         args = resumed_args(args, "vision")
