@@ -1,0 +1,23 @@
+"""bench.py: one round at tiny sizes runs every benchmark, and every figure comes out finite and positive."""
+
+import json
+import math
+
+import pytest
+
+import bench
+
+
+@pytest.mark.slow
+def test_one_tiny_round_gives_every_figure(tmp_path):
+    """Every figure the README's benchmark table lists is there, finite and > 0 (the memory growth >= 0: the chunk
+    may already sit in the process's heap), and the results file is written."""
+    out = tmp_path / "b.json"
+    results = bench.main(bench.parse_args(["--rounds", "1", "--n-inputs", "4", "--device", "cpu", "--out", str(out)]))
+    names = ["est_eff_vit", "est_eff_mlp", "est_speedup_vit", "est_speedup_mlp", "train_speedup_mlp",
+             "train_speedup_vit", "est_eff_roberta", "est_prefix_speedup_lstm", "est_prefix_speedup_gpt2",
+             "lstm_fused_speedup", "corruption_images_per_s", "shared_cpu_slowdown", "shared_cpu_slowdown_default"]
+    for name in names:
+        assert math.isfinite(results[name]) and results[name] > 0, name
+    assert math.isfinite(results["est_1e6_mem_mb"]) and results["est_1e6_mem_mb"] >= 0
+    assert json.loads(out.read_text())["results"] == pytest.approx(results)
