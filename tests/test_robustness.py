@@ -179,7 +179,7 @@ def test_regulariser_loss_is_its_formula_and_changes_the_gradient():
 
 
 def test_augmentation_adds_noise_of_the_stated_std():
-    """augment trains on x + N(0, std^2) on every pixel, the label kept."""
+    """augment trains on x + N(0, std^2) on every pixel, the label kept, drawn from the generator it is given."""
     seen = []
 
     class Recorder(torch.nn.Module):
@@ -191,8 +191,10 @@ def test_augmentation_adds_noise_of_the_stated_std():
     args = R.parse_args(["--dataset", "fake28", "--augment-std", "0.3"])
     R.make_loss("augment", args, torch.Generator().manual_seed(0))(Recorder(), x, y)
     assert seen[0].std().item() == pytest.approx(0.3, rel=0.02) and abs(seen[0].mean().item()) < 0.01
+    R.make_loss("augment", args, torch.Generator().manual_seed(0))(Recorder(), x, y)
+    assert torch.equal(seen[0], seen[1])  # drawn from the generator it is given: reproducible, resumable
     R.make_loss("vanilla", args, torch.Generator())(Recorder(), x, y)
-    assert torch.equal(seen[1], x)
+    assert torch.equal(seen[2], x)
 
 
 def test_sharpness_of_a_linear_model_has_its_closed_form():
