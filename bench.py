@@ -15,7 +15,8 @@
   1-5), absolute.
 - shared_cpu_slowdown: a small training run's wall time beside one busy process (the same run, as a second seed) /
   alone, with the scripts' thread policy (one thread per process); shared_cpu_slowdown_default: the same with torch's
-  default threads (torch_default_threads) in both processes.
+  default threads (torch_default_threads) in both processes; alone_default_speedup: the same run alone, torch's
+  default threads / one thread (what the policy costs on an idle machine).
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
@@ -297,11 +298,11 @@ def bench_shared_cpu(n, rounds):
     """shared_cpu_slowdown: wall time of a small training run beside one busy process (the same run in a loop, as a
     second seed would be) divided by its time alone, with the thread policy of common.set_threads (one thread per
     process), and with torch's default threads in both processes (shared_cpu_slowdown_default)."""
-    out = {}
+    out, alone_time = {}, {}
     for key, threads in [("shared_cpu_slowdown", 1), ("shared_cpu_slowdown_default", TORCH_DEFAULT_THREADS)]:
         torch.set_num_threads(threads)
         run = training_workload(n)
-        alone = median([t[0] for t in timed_rounds([run], torch.device("cpu"), rounds)])
+        alone = alone_time[key] = median([t[0] for t in timed_rounds([run], torch.device("cpu"), rounds)])
         worker = subprocess.Popen([sys.executable, "-c", f"import bench; bench.busy_worker({threads}, {n}, 900)"],
                                   cwd=os.path.dirname(os.path.abspath(__file__)), stdout=subprocess.PIPE, text=True)
         try:
@@ -313,6 +314,7 @@ def bench_shared_cpu(n, rounds):
         out[key] = busy / alone
     torch.set_num_threads(1)
     out["torch_default_threads"] = TORCH_DEFAULT_THREADS
+    out["alone_default_speedup"] = alone_time["shared_cpu_slowdown"] / alone_time["shared_cpu_slowdown_default"]
     return out
 
 
