@@ -630,6 +630,12 @@ class Results:
             write_json(self.path, self.data)
 
 
+def pm(mean, stderr, n=None):
+    """'+0.0123 +- 0.0045 (3 seeds)': a paired difference with its standard error (none shown for one seed)."""
+    se = f" +- {stderr:.4f}" if stderr is not None and math.isfinite(stderr) else ""
+    return f"{mean:+.4f}{se}" + (f" ({n} seed{'s' if n != 1 else ''})" if n is not None else "")
+
+
 def model_of(run):
     """The model part of a run name "<model>/seed<k>"."""
     return run.split("/")[0]

@@ -29,8 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of,
-                    paired_differences, plot_curves, pyplot, ranks, restore, resumed_args, save_combined, save_figure,
-                    seed_all, sensitivity, setup, start_run, subset_size)
+                    paired_differences, plot_curves, pm, pyplot, ranks, restore, resumed_args, save_combined,
+                    save_figure, seed_all, sensitivity, setup, start_run, subset_size)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
@@ -661,8 +661,7 @@ def summary(data):
     for when in ["init", "final"]:
         p = data.get("paired", {}).get(when) or {}
         for name, d in p.get("models", {}).items():
-            parts = [f"sigma {k}: {v['mean']:+.4f} +- {v['stderr']:.4f} ({v['seeds']} seeds)"
-                     for k, v in d["diff"].items()]
+            parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
             print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
 
 

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of,
-                    not_finite, patchify, plot_curves, predict, pyplot, ranks, restore, resumed_args, save_combined,
+                    not_finite, patchify, plot_curves, pm, predict, pyplot, ranks, restore, resumed_args, save_combined,
                     save_figure, seed_all, sensitivity, setup, start_run, subset_size, summarise, unpatchify)
 from common import paired_differences as common_paired
 
@@ -982,7 +982,7 @@ def summary(data):
     """One line per model: its paired difference to the reference ViT at each key, mean +- s.e. over seeds."""
     paired = data.get("paired") or {}
     for name, p in paired.get("models", {}).items():
-        parts = [f"{k} {d['mean']:+.4f} +- {d['stderr']:.4f} ({d['seeds']} seeds)" for k, d in p["diff"].items()]
+        parts = [f"{k} {pm(d['mean'], d['stderr'], d['seeds'])}" for k, d in p["diff"].items()]
         cross = {m: [f"{s:.3g}" for s in v] for m, v in p["crossover"].items() if v}
         parts += [f"level at sigma {cross}"] if cross else []
         print(f"{name} - {paired['reference']} | " + " | ".join(parts))
