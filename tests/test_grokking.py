@@ -110,6 +110,9 @@ def test_token_wise_and_joint_sensitivity_have_their_closed_forms():
     assert abs(row["sens"] - p) < 4 * math.sqrt(p * (1 - p) / 4000)
     joint = 1 - (1 - p) ** 2
     assert abs(row["sens_joint"] - joint) < 4 * math.sqrt(joint * (1 - joint) / 2000)
+    # 5 draws per (pair, position): the standard error of the binomial flip rates, and the same noise on every call
+    assert row["sens_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / (2 * 5 * 400)), rel=0.25)
+    assert grokking.measure_sensitivity(Both(), tokens, sigma, 5, seed=0) == row
     assert row["sens_joint"] > row["sens"] + 0.1  # they differ on this model
     eq = grokking.measure_sensitivity(Both("="), tokens, 100.0, 5, seed=0)
     assert eq["sens"] == 0 and eq["sens_joint"] == 0

@@ -109,16 +109,38 @@ def test_evaluate_corruptions_on_a_users_model_gives_the_known_accuracy():
     assert out["clean_acc"] == share
     assert all(a == share for per in out["corruption_acc"].values() for a in per.values())
     assert set(out["corruption_acc"]) == {"contrast", "gaussian_noise", "saturate"}
-    assert out["mean_corruption_acc"] == share and out["mean_extra_acc"] == share
-    assert R.evaluate_corruptions(Constant(3), images, labels, corruptions=["saturate"])["mean_corruption_acc"] is None
+    assert out["mean_corruption_acc"] == share and out["mean_extra_acc"] == share and out["standard_measured"] == 2
+    only_extra = R.evaluate_corruptions(Constant(3), images, labels, corruptions=["saturate"], severities=[2])
+    assert only_extra["mean_corruption_acc"] is None and only_extra["standard_measured"] == 0
+
+
+class Pixel(torch.nn.Module):
+    """Class 1 iff the first pixel is exactly 1.0 (a uint8 255 read as x / 255), else 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        v = (x[:, 0, 0, 0] == 1.0).float()
+        return torch.stack([1 - v, v], 1) + self.w
+
+
+def test_accuracy_reads_every_image_as_x_over_255():
+    """A model right on every image when pixels are x / 255 has accuracy exactly 1, over all images, in any batch."""
+    images = torch.zeros(1003, 1, 4, 4, dtype=torch.uint8)
+    labels = torch.arange(1003) % 2
+    images[:, 0, 0, 0] = (labels * 255).to(torch.uint8)
+    assert R.accuracy(Pixel(), images, labels) == 1.0
+    assert R.accuracy(Pixel(), images, 1 - labels) == 0.0
 
 
 def test_our_models_are_evaluated_on_0_1_images_through_normalize():
     """Normalize((0.5,), (0.5,)) in front of a model trained on vision.normalize's [-1, 1] pixels gives it the same
     inputs: the same predictions on uint8 images."""
-    args = vision.parse_args(["--dataset", "fake", "--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16"])
+    args = vision.parse_args(["--dataset", "fake", "--mlp-hidden", "16"])
     torch.manual_seed(0)
-    model = vision.build_model("vit", args, 3, 32, 10).eval()
+    model = vision.build_model("mlp", args, 3, 32, 10).eval()  # (not a ViT: its patch LayerNorm ignores the scale)
     x = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
     wrapped = torch.nn.Sequential(R.Normalize([0.5] * 3, [0.5] * 3), model)
     assert torch.allclose(wrapped(x.float() / 255), model(vision.normalize(x)), atol=1e-5)
@@ -213,6 +235,14 @@ def test_sharpness_of_a_linear_model_has_its_closed_form():
     got = R.sharpness(two, x, s, 400, torch.Generator().manual_seed(0))
     p = phi(-0.1 / (s * math.sqrt(2 * 3)))
     assert abs(got["shpred"] - p) < 4 * math.sqrt(p * (1 - p) / 400) and got["shpred_stderr"] > 0
+    # the standard errors over the draws: the sample std (n - 1) over sqrt(draws), from the very same draws one by one
+    g = torch.Generator().manual_seed(3)
+    draws = [R.sharpness(model, x, s, 1, g) for _ in range(5)]
+    five = R.sharpness(model, x, s, 5, torch.Generator().manual_seed(3))
+    for key in ["shop", "shpred"]:
+        values = np.array([d[key] for d in draws])
+        assert five[key] == pytest.approx(values.mean(), rel=1e-6)
+        assert five[f"{key}_stderr"] == pytest.approx(values.std(ddof=1) / math.sqrt(5), rel=1e-6)
 
 
 def test_severity_k_uses_the_kth_constant(monkeypatch):
