@@ -259,17 +259,23 @@ class Block(nn.Module):
 
     def attend(self, x, q, k, v, keep):
         """The rest of the block for queries q (B, nh, Tq, hs) of the rows x: attention over keys k and values v
-        (B, nh, Tk, hs), or over the concatenation of the pairs when k and v are tuples (the prefix cache and the
-        suffix, without building the concatenation); keep (B, 1, Tq, Tk) says which keys each query may see."""
-        ks, vs = (k, v) if isinstance(k, tuple) else ((k,), (v,))
-        att = torch.cat([(q * self.dim_head**-0.5) @ kk.transpose(-2, -1) for kk in ks], -1)  # (B, nh, Tq, Tk)
+        (B, nh, Tk, hs), or, when k and v are pairs (the prefix cache, the suffix), over both as if concatenated,
+        without copying the cache; keep (B, 1, Tq, Tk) says which keys each query may see."""
+        q = q * self.dim_head**-0.5
+        if isinstance(k, tuple):  # prefix cache and suffix: the scores side by side, the values summed
+            att = torch.cat([q @ kk.transpose(-2, -1) for kk in k], -1)  # (B, nh, Tq, Tk)
+        else:
+            att = q @ k.transpose(-2, -1)
         if self.attn == "softmax":
             att = att.masked_fill(~keep, float("-inf")).softmax(-1)
         else:
             att = F.relu(att) * keep
-        att, y = self.drop(att), 0
-        for part, vv in zip(att.split([vv.shape[2] for vv in vs], -1), vs):
-            y = y + part @ vv
+        att = self.drop(att)
+        if isinstance(v, tuple):
+            first = att[..., : v[0].shape[2]] @ v[0]
+            y = first + att[..., v[0].shape[2]:] @ v[1]
+        else:
+            y = att @ v
         x = x + self.drop(self.proj(y.transpose(1, 2).reshape(*x.shape[:2], -1)))  # (B, Tq, nh * hs) heads joined
         return x + self.drop(self.mlp(self.ln2(x)))
 
