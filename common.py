@@ -316,9 +316,9 @@ def check_args(p, args, *, positive=(), nonnegative=()):
             value = getattr(args, name)
             for v in value if isinstance(value, list) else [value]:
                 if v is not None and not (math.isfinite(v) and (v > 0 if strict else v >= 0)):
-                    need = "> 0" if strict else ">= 0"
-                    need = ">= 1" if isinstance(v, int) and strict else f"a finite number {need}"
-                    p.error(f"--{name.replace('_', '-')} must be {need}, got {v}")
+                    bound = "> 0" if strict else ">= 0"
+                    p.error(f"--{name.replace('_', '-')} must be "
+                            f"{'>= 1' if isinstance(v, int) and strict else 'a finite number ' + bound}, got {v}")
 
 
 def subset_size(flag, n, available, what):
@@ -332,7 +332,8 @@ def subset_size(flag, n, available, what):
 
 def cli(main, parse_args, argv=None):
     """Run a script's main as a command. Expected failures become one line on stderr and an exit code instead of a
-    traceback: bad input, a missing or corrupt file, no CUDA (2); a diverged run, whose metrics.json says so (3);
+    traceback (TRACEBACK=1 in the environment shows it): bad input, a missing or corrupt file, no CUDA (2); a
+    diverged run, whose metrics.json says so (3);
     Ctrl-C, after which metrics.json keeps what was measured and says "interrupted": true (130). Under torchrun the
     process group is left at the end, and rank 0 alone reports a divergence or an interruption."""
     script = os.path.basename(sys.modules[main.__module__].__file__)
@@ -348,6 +349,8 @@ def cli(main, parse_args, argv=None):
     except torch.OutOfMemoryError:
         code, message = 2, "out of memory; lower --batch-size (or the estimator's chunk)"
     except (ValueError, OSError, EOFError) as e:
+        if os.environ.get("TRACEBACK"):  # a developer's bug can raise these too: TRACEBACK=1 shows where
+            raise
         if isinstance(e, OSError) and e.filename is not None and e.strerror:
             e = f"{e.strerror}: {e.filename}"
         print(f"{script}: {e}", file=sys.stderr)  # every rank: the error may be its own
