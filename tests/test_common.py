@@ -127,12 +127,27 @@ def test_f_never_sees_more_than_one_chunk():
     assert max(seen) == 64 and s.evaluations == 100 * 20 * 5
 
 
-def test_fixed_generator_is_reproducible():
+def test_fixed_seed_is_reproducible():
+    """The same seed gives the same noise (for gaussian and replace), another seed other noise."""
     x = torch.randn(60, 8, 3)
     f = lambda xb, idx: xb.sum(1)  # 3 logits
-    runs = [sensitivity(f, x, gaussian(0.3), positions=2, reps=2, seed=7)
-            for _ in range(2)]
-    assert runs[0].mean == runs[1].mean and torch.equal(runs[0].per_input, runs[1].per_input)
+    vocab = torch.randn(5, 3)
+    for perturb in [gaussian(0.3), replace(vocab)]:
+        runs = [sensitivity(f, x, perturb, positions=2, reps=2, seed=s) for s in [7, 7, 8]]
+        assert runs[0].mean == runs[1].mean and torch.equal(runs[0].per_input, runs[1].per_input)
+        assert not torch.equal(runs[0].per_input, runs[2].per_input)
+
+
+def test_predict_reads_every_form_of_output():
+    """argmax of (B, C >= 2) logits (not argmin: with 3 classes they differ), score > 0 for (B, 1) and float (B,)
+    (0 is class 0), integer and bool labels as they are."""
+    from common import predict
+
+    assert predict(torch.tensor([[0.0, 2.0, 1.0], [3.0, -1.0, 0.0]]), 2).tolist() == [1, 0]
+    assert predict(torch.tensor([[0.5], [0.0], [-2.0]]), 3).tolist() == [True, False, False]
+    assert predict(torch.tensor([0.5, 0.0, -2.0]), 3).tolist() == [True, False, False]
+    assert predict(torch.tensor([2, 0, 1]), 3).tolist() == [2, 0, 1]
+    assert predict(torch.tensor([True, False]), 2).tolist() == [True, False]
 
 
 def test_replace_draws_rows_of_the_vocabulary():
@@ -174,6 +189,7 @@ def test_patchify_layout_and_round_trip():
     lambda: patchify(torch.randn(1, 3, 32, 32), 5),
     lambda: unpatchify(torch.randn(1, 64, 48), 4, (3, 32, 30)),
     lambda: replace(torch.randn(5)),
+    lambda: replace(torch.zeros(0, 3)),
 ])
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises(ValueError):
@@ -350,3 +366,11 @@ def test_stderr_is_the_standard_deviation_over_inputs_over_sqrt_n():
     assert s.stderr == pytest.approx(sd / 2, rel=1e-9) and s.mean == pytest.approx(mean, rel=1e-9)
     one = sensitivity(parity_model([0]), torch.ones(1, 5, 1), flip())
     assert math.isnan(one.stderr) and one.mean == 0.2
+
+
+def test_a_one_token_vocabulary_is_allowed():
+    """replace() from a single-row vocabulary always writes that row: sensitivity 0 for inputs made of it."""
+    vocab = torch.eye(3)[:1]
+    s = sensitivity(lambda xb, idx: (xb[:, 0, 0] > 0.5).long(), vocab[torch.zeros(5, 2, dtype=torch.long)],
+                    replace(vocab), seed=0)
+    assert s.mean == 0

@@ -109,3 +109,6 @@ def test_torchrun_two_processes_match_one(tmp_path):
         assert abs(a["train_acc"] - b["train_acc"]) <= 1 / 90 and abs(a["test_acc"] - b["test_acc"]) <= 1 / 30
         assert abs(a["sens"] - b["sens"]) <= max(a["sens_stderr"], 1e-9)
     assert len(one["history"]) == len(two["history"]) == 3
+    # at initialisation the two models are the same weights: the sharded estimator gives exactly one process's counts
+    assert one["history"][0]["sens"] == two["history"][0]["sens"] > 0
+    assert one["history"][0]["sens_stderr"] == two["history"][0]["sens_stderr"]

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {
     "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
                    "summarise", "paired_differences", "check_args", "subset_size", "Results.diverged"],
-                  ["tests/test_common.py", "tests/test_cli.py"]),
+                  ["tests/test_common.py", "tests/test_cli.py", "tests/test_scale.py"]),
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "paired_differences", "crossovers", "at_train_accuracy", "lr_at",
                    "train_epoch", "make_optimizer", "default_lr", "parse_lrs", "prepare_data", "Attention.forward"],
