@@ -374,3 +374,13 @@ def test_a_one_token_vocabulary_is_allowed():
     s = sensitivity(lambda xb, idx: (xb[:, 0, 0] > 0.5).long(), vocab[torch.zeros(5, 2, dtype=torch.long)],
                     replace(vocab), seed=0)
     assert s.mean == 0
+
+
+@pytest.mark.parametrize("kwargs,message", [(dict(batch_size=0), "batch_size must be >= 1"),
+                                            (dict(reps=0), "reps must be >= 1"),
+                                            (dict(positions=0), "positions must be None"),
+                                            (dict(mask=torch.zeros(4, 3, dtype=torch.bool)), "no True position")])
+def test_bad_arguments_say_what_is_wrong(kwargs, message):
+    """Each bad argument is refused with its own message, before any work (not by some later failure)."""
+    with pytest.raises(ValueError, match=message):
+        sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), **kwargs)
