@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from common import (Results, cli, flip, gaussian, load_results, new_run_dir, patchify, replace, sensitivity,
-                    sensitivity_counts, summarise, unpatchify, write_json)
+from common import (Results, cli, flip, gaussian, load_results, new_run_dir, paired_differences, patchify, replace,
+                    sensitivity, sensitivity_counts, summarise, unpatchify, write_json)
 
 
 def threshold_model(k):
@@ -182,6 +182,7 @@ def test_patchify_layout_and_round_trip():
     lambda: sensitivity(lambda xb, i: xb[:, :, :0].sum(-1)[:, :0], torch.randn(4, 3, 2), gaussian(1)),  # (B, 0)
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), mask=torch.ones(4, 2, dtype=bool)),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(0, 3, 2), gaussian(1)),
+    lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 0, 2), gaussian(1)),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), reps=0),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), positions=0),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), mask=torch.zeros(4, 3, dtype=bool)),
@@ -251,7 +252,7 @@ def test_non_finite_values_raise_with_counts():
     never a sensitivity of 0."""
     x = torch.randn(10, 4, 2)
     bad = x.clone()
-    bad[3, 1, 0] = float("nan")
+    bad[3, 1, 0] = bad[3, 2, 1] = float("nan")  # two values of one input
     with pytest.raises(ValueError, match="non-finite values in 1 of its 10 inputs"):
         sensitivity(lambda xb, i: xb[:, 0], bad, gaussian(1))
     nan_rows = lambda xb, i: torch.where((i < 2)[:, None], float("nan"), xb[:, 0])  # noqa: E731
@@ -384,3 +385,24 @@ def test_bad_arguments_say_what_is_wrong(kwargs, message):
     """Each bad argument is refused with its own message, before any work (not by some later failure)."""
     with pytest.raises(ValueError, match=message):
         sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), **kwargs)
+
+
+def test_paired_differences_against_hand_computed_values():
+    """Per seed: the mean over inputs of (model - reference) and its standard error over inputs; over the seeds the
+    mean of those means and its standard error over seeds; the reference itself is not listed, a model without the
+    reference's seed is skipped, and one seed has no standard error over seeds."""
+    def run(values):
+        return {"history": [], "final": {"per_image": {"1": values}}}
+
+    runs = {"vit/seed0": run([0.1, 0.2, 0.3]), "mlp/seed0": run([0.2, 0.4, 0.3]),
+            "vit/seed1": run([0.0, 0.0, 0.2]), "mlp/seed1": run([0.1, 0.1, 0.1]), "mlp/seed2": run([9.0, 9.0, 9.0]),
+            "cnn/seed0": run([0.1, 0.2, 0.3])}
+    out = paired_differences(runs, "vit")
+    assert out["reference"] == "vit" and set(out["models"]) == {"mlp", "cnn"}
+    d = out["models"]["mlp"]["diff"]["1"]
+    assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])
+    assert d["per_seed"]["seed1"] == pytest.approx([1 / 30, math.sqrt(0.04 / 3) / math.sqrt(3)])
+    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2) and d["seeds"] == 2 and "seed2" not in d["per_seed"]
+    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
+    c = out["models"]["cnn"]["diff"]["1"]
+    assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
