@@ -8,6 +8,7 @@ test suite (it takes from minutes to an hour, one pytest run per mutant):
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
     python tools/mutate.py --list                 # only print the mutants
+    python tools/mutate.py --sample 300           # a random 300 of them: the kill rate with its standard error
 
 It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
 Standard library only; no mutation package is needed.
@@ -17,6 +18,7 @@ import argparse
 import ast
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -164,6 +166,8 @@ def main():
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants run side by side")
     p.add_argument("--timeout", type=int, default=300, help="seconds before a mutant's test run counts as failed")
     p.add_argument("--list", action="store_true", help="only list the mutants")
+    p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --sample draw")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
     args = p.parse_args()
     todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, TARGETS[path][0])]
@@ -172,6 +176,8 @@ def main():
             print(f"{path}:{line} {name}: {what}")
         print(f"{len(todo)} mutants")
         return
+    if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
+        todo = [todo[i] for i in sorted(random.Random(args.seed).sample(range(len(todo)), args.sample))]
     copies = []
     for _ in range(args.jobs):  # one scratch copy of the repository per worker
         copy = tempfile.mkdtemp(prefix="mutate-")
@@ -187,9 +193,12 @@ def main():
               f"{name}: {what}", flush=True)
         return {"file": path, "function": name, "line": line, "mutation": what, "killed": killed}
 
-    with ThreadPoolExecutor(args.jobs) as pool:  # each worker owns one copy: mutant i runs in copy i mod jobs
-        for j in range(0, len(todo), args.jobs):
-            results += pool.map(work, range(j, min(j + args.jobs, len(todo))))
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:  # each worker owns one copy: mutant i runs in copy i mod jobs
+            for j in range(0, len(todo), args.jobs):
+                results += pool.map(work, range(j, min(j + args.jobs, len(todo))))
+    except KeyboardInterrupt:  # Ctrl-C: report the mutants run so far
+        print(f"\ninterrupted after {len(results)} of {len(todo)} mutants")
     for copy in copies:
         shutil.rmtree(copy, ignore_errors=True)
     print("\nsurvivors (the tests missed these):")
@@ -202,7 +211,9 @@ def main():
         summary[path] = {"mutants": len(rs), "killed": sum(r["killed"] for r in rs)}
         print(f"{path}: {summary[path]['killed']}/{len(rs)} killed ({summary[path]['killed'] / max(len(rs), 1):.0%})")
     total = sum(s["killed"] for s in summary.values()), sum(s["mutants"] for s in summary.values())
-    print(f"all: {total[0]}/{total[1]} killed ({total[0] / max(total[1], 1):.1%}) in {time.time() - t0:.0f}s")
+    share = total[0] / max(total[1], 1)
+    error = (share * (1 - share) / max(total[1], 1)) ** 0.5  # of a random sample's kill rate (binomial)
+    print(f"all: {total[0]}/{total[1]} killed ({share:.1%} +- {error:.1%}) in {time.time() - t0:.0f}s")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"summary": summary, "mutants": results}, fh, indent=1)
