@@ -4,9 +4,9 @@ Trains vision.py's models (vanilla, with Gaussian-noise augmentation, or with th
 measures on the same models: the token-wise sensitivity, the accuracy under common corruptions (CIFAR-10-C, read from
 the official release or generated here in torch, severities 1-5), and two sharpness measures of the minimum (Table 2).
 
-    python robustness.py --paper         # ResNet-18, DenseNet-121, ViT-small, ViT-simple, ViT + aug, ViT + reg
-    python robustness.py --dataset fashionmnist --data-dir DATA --model vit --variants vanilla --n-train 3000 \\
-        --epochs 20 --depth 4 --heads 4 --dim-head 16 --sigma 1   # the CPU-scale check of Table 2 (README),
+    python robustness.py --paper-fig9 --cifar10c-dir CIFAR-10-C   # the six models of Fig. 9 on the official release
+    python robustness.py --dataset fashionmnist --data-dir DATA --model vit --variants vanilla augment --epochs 20 \\
+        --n-train 3000 --depth 4 --heads 4 --dim-head 16 --patch-size 7 --sigma 1 --frost-dir FROST   # README
     # and the same with --variants reg --lr 0.2 --epochs 40 (CE is weighted 1 - p = 0.5: twice the lr, equal accuracy)
     python robustness.py --from-vision out/vision/cifar10-vit   # evaluate saved vision.py models (--save-model)
 

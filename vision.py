@@ -5,8 +5,9 @@ token-wise sensitivity on a fixed subset of the training set: Gaussian noise N(0
 normalised image at a time, every patch in turn, the same patch grid for every architecture.
 
     python vision.py --model vit --sigma 0.1                       # CIFAR-10 (downloads it), the paper's headline
-    python vision.py --dataset fashionmnist --data-dir DATA --model vit mlp mlp-sigmoid cnn --lr cnn=0.05 \\
-        mlp-sigmoid=1.0 --n-train 3000 --epochs 30 --depth 4 --heads 4 --dim-head 16 --sigma 1 0.1 0.3 3   # 5 min
+    python vision.py --dataset fashionmnist --data-dir DATA --model vit vit-simple mlp mlp-sigmoid cnn \\
+        --lr cnn=0.05 mlp-sigmoid=1.0 vit-simple=0.1 --n-train 3000 --epochs 30 --depth 4 --heads 4 --dim-head 16 \\
+        --sigma 0.1 1 --sweep --mask patch scattered --match-acc 0.8 0.85 0.9 --seeds 0   # the README's protocol
     python vision.py --dataset fake --model vit mlp --epochs 1 --n-train 200   # offline smoke test, seconds
     python vision.py --pretrained convnext_tiny vit_l_16 --imagenet-dir IMAGENET/train   # Sec. 5, no training
 """
