@@ -34,6 +34,17 @@ def test_generator_invariants():
     assert ((kind == 1) & (sign == y_ood[:, None])).sum(1).eq(5).all()  # the frequent vote is unchanged
 
 
+def test_vocabulary_direction_vectors():
+    """Token ids run S+, S-, F+, F-, R; v_sparse = 1_{S+} - 1_{S-}, v_frequent = 1_{F+} - 1_{F-}, v_irrelevant = 1_R,
+    and an irrelevant token votes for neither label (sign 0)."""
+    vocab = synthetic.Vocab(2, 3, 4)
+    assert vocab.d == 2 * 2 + 2 * 3 + 4
+    assert vocab.v_sparse.tolist() == [1, 1, -1, -1] + [0] * 10
+    assert vocab.v_frequent.tolist() == [0] * 4 + [1, 1, 1, -1, -1, -1] + [0] * 4
+    assert vocab.v_irrelevant.tolist() == [0] * 10 + [1] * 4
+    assert vocab.sign.tolist() == [1, 1, -1, -1, 1, 1, 1, -1, -1, -1, 0, 0, 0, 0]
+
+
 def test_candidate_sensitivities_match_hand_computation():
     """|S|=1, |F|=2, |R|=2 (d=8), n=5, n_s=1, n_f=2, alpha=1. Replacing one token by a uniform vocabulary token:
     - sparse vote (margin 1): the sparse slot flips unless the new token is S_y (7/8); each of the 4 other slots flips

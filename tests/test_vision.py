@@ -359,6 +359,11 @@ def test_crossover_and_matched_accuracy_on_made_up_numbers():
               "mlp/seed0": {"sens_at": {"patch:1": {"sens": 0.1}, "patch:10": {"sens": 0.7}}}}
     (sigma,) = vision.crossovers(finals, "mlp", "vit")["patch"]
     assert sigma == pytest.approx(10 ** (1 / 3))  # d goes -0.1 -> +0.2: a third of the way in log sigma
+    # level exactly at a measured sigma (counted once), then a crossing between 10 and 100 (two thirds of the way)
+    curves = {"vit": [0.3, 0.3, 0.3, 0.3], "mlp": [0.2, 0.3, 0.5, 0.2]}
+    finals = {f"{m}/seed0": {"sens_at": {f"patch:{s:g}": {"sens": v} for s, v in zip([0.1, 1, 10, 100], vals)}}
+              for m, vals in curves.items()}
+    assert vision.crossovers(finals, "mlp", "vit")["patch"] == pytest.approx([1.0, 10 ** (1 + 2 / 3)])
     h = [{"epoch": 0, "train_acc": 0.1, "sens@x": 0.0}, {"epoch": 5, "train_acc": 0.7, "sens@x": 0.3},
          {"epoch": 10, "train_acc": 0.9, "sens@x": 0.1}]
     got = vision.at_train_accuracy(h, [0.05, 0.8, 0.95], ["sens@x"])
@@ -383,3 +388,34 @@ def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
             assert torch.equal(changed, masks[d])
     s = vision.scattered_sensitivity(PatchThreshold(0), torch.zeros(10, 1, 28, 28) + 0.01, 7, 1.0, 16, seed=0)
     assert s.evaluations == 160 and 0 < s.mean < 1
+    copies, masks = vision.scattered_copies(torch.zeros(50, 1, 32, 32), 4, 2.0, 4, torch.Generator().manual_seed(1))
+    noise = copies.view(4, 50, 32, 32)[masks[:, None].expand(4, 50, 32, 32)]
+    assert noise.std().item() == pytest.approx(2.0, rel=0.1)  # N(0, sigma^2) on the masked pixels
+
+
+class AnyChange(nn.Module):
+    """Class 1 iff any pixel differs from its clean value 0.01: every noisy copy flips, so every rate is exactly 1."""
+
+    def forward(self, img):
+        v = (img != 0.01).flatten(1).any(1).float()
+        return torch.stack([torch.zeros_like(v), v], 1)
+
+
+def test_scattered_sensitivity_counts_every_image_and_every_draw():
+    """A model that every perturbation flips: rate exactly 1 for each of 250 images (three batches of 100, the last
+    partial) over 45 draws (more than one forward pass of draws each)."""
+    s = vision.scattered_sensitivity(AnyChange(), torch.full((250, 1, 28, 28), 0.01), 7, 0.5, 45, seed=0)
+    assert s.evaluations == 250 * 45 and s.mean == 1.0 and s.per_input.eq(1).all()
+
+
+def test_every_mask_draws_its_noise_from_the_seed():
+    """measure_sensitivity with the same seed gives the same per-image flips under every mask (the paired
+    comparisons rely on it), another seed other flips; by default one draw per patch (N * T evaluations)."""
+    images = torch.rand(40, 1, 28, 28) * 0.1
+    model = PatchThreshold(5)
+    a, b, c = (vision.measure_sensitivity(model, images, 7, [1.0], ["patch", "scattered", "global"], seed=s)
+               for s in [3, 3, 4])
+    for key in a:
+        assert torch.equal(a[key].per_input, b[key].per_input), key
+        assert not torch.equal(a[key].per_input, c[key].per_input), key
+    assert a["patch:1"].evaluations == 40 * 16
