@@ -9,6 +9,7 @@ test suite (it takes from minutes to an hour, one pytest run per mutant):
     python tools/mutate.py --files robustness.py --jobs 1
     python tools/mutate.py --list                 # only print the mutants
     python tools/mutate.py --sample 300           # a random 300 of them: the kill rate with its standard error
+    python tools/mutate.py --rerun out/mutate/report.json   # only that report's survivors, after adding tests
 
 It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
 Standard library only; no mutation package is needed.
@@ -168,6 +169,7 @@ def main():
     p.add_argument("--list", action="store_true", help="only list the mutants")
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the --sample draw")
+    p.add_argument("--rerun", type=str, default=None, help="run only the mutants that survived in this JSON report")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
     args = p.parse_args()
     todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, TARGETS[path][0])]
@@ -176,6 +178,10 @@ def main():
             print(f"{path}:{line} {name}: {what}")
         print(f"{len(todo)} mutants")
         return
+    if args.rerun:  # the survivors of an earlier report (a mutant is named by file, function, line and change)
+        survived = {(r["file"], r["function"], r["line"], r["mutation"]) for r in json.load(open(args.rerun))["mutants"]
+                    if not r["killed"]}
+        todo = [t for t in todo if (t[0], t[1], t[2], t[3]) in survived]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.seed).sample(range(len(todo)), args.sample))]
     copies = []
