@@ -419,3 +419,20 @@ def test_every_mask_draws_its_noise_from_the_seed():
         assert torch.equal(a[key].per_input, b[key].per_input), key
         assert not torch.equal(a[key].per_input, c[key].per_input), key
     assert a["patch:1"].evaluations == 40 * 16
+
+
+def test_train_epoch_learns_a_separable_task():
+    """train_epoch takes SGD steps that reduce the loss: a linear model learns 'is the top half brighter than the
+    bottom half' from 200 images to train accuracy 1 in 5 epochs (it starts near chance)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (200,), generator=g)
+    x = torch.randint(0, 100, (200, 1, 28, 28), generator=g, dtype=torch.uint8)
+    x[y == 1, :, :14] += 120
+    x[y == 0, :, 14:] += 120
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss0, acc0 = vision.evaluate(model, x, y)
+    for _ in range(5):
+        vision.train_epoch(model, opt, x, y, batch_size=20, gen=g)
+    loss1, acc1 = vision.evaluate(model, x, y)
+    assert acc0 < 0.8 and acc1 == 1.0 and loss1 < loss0 / 4
