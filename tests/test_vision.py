@@ -268,6 +268,23 @@ def test_locality_self_attention_never_attends_to_itself():
     assert not torch.allclose(plain(x), expected, atol=1e-3)
 
 
+def test_attention_equals_its_formula():
+    """Attention.forward is softmax(q k^T * scale) v over each head, heads concatenated per token, then the output
+    projection: scale = dim_head^-1/2, or for LSA the learned exp(log_temperature) with the diagonal masked out."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    for lsa in [False, True]:
+        attn = vision.Attention(8, 2, 4, dropout=0.0, lsa=lsa).eval()
+        if lsa:
+            attn.log_temperature.data.fill_(math.log(0.7))
+        q, k, v = attn.qkv(attn.norm(x)).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)  # (B, heads, T, hs)
+        scores = q @ k.transpose(-1, -2) * (0.7 if lsa else 4 ** -0.5)
+        if lsa:
+            scores = scores.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 8)
+        assert torch.allclose(attn(x), attn.out(y), atol=1e-5), lsa
+
+
 def test_the_data_split_depends_only_on_data_seed():
     """The training subset is drawn by --data-seed: the same for every --seeds, another for another --data-seed;
     the test set is the first --n-test test images."""

@@ -37,7 +37,7 @@ TARGETS = {
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "paired_differences", "crossovers", "at_train_accuracy", "lr_at",
                    "train_epoch", "make_optimizer", "default_lr", "parse_lrs", "prepare_data", "Attention.forward"],
-                  ["tests/test_vision.py"]),
+                  ["tests/test_vision.py", "tests/test_scale.py"]),  # test_scale: torchrun equals one process
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__"],
                      ["tests/test_synthetic.py"]),
