@@ -275,3 +275,14 @@ def test_a_short_run_learns_a_separable_task(tmp_path):
     run = language.main(language.parse_args(argv))["runs"]["roberta-softmax/seed0"]
     assert run["final"]["train_acc"] == 1.0 and run["final"]["test_acc"] == 1.0
     assert run["history"][0]["majority_share"] >= 0.5 and run["final"]["majority_share"] == 0.5
+
+
+def test_paired_differences_are_against_the_first_model_asked_for():
+    """The reference of the paired differences is the first model of --model present in the runs, whatever order
+    the runs were recorded in: here roberta-softmax, and lstm - roberta-softmax is the per-pair difference."""
+    def run(per_pair):
+        return {"history": [], "final": {"per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
+    runs = {"lstm/seed0": run([0.5, 0.25]), "roberta-softmax/seed0": run([0.25, 0.0])}
+    p = language.paired(runs, ["roberta-softmax", "lstm"])
+    assert p["final"]["reference"] == p["init"]["reference"] == "roberta-softmax"
+    assert p["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
