@@ -109,6 +109,17 @@ def test_test_inputs_are_never_training_inputs():
         parity.make_task(4, 2, 500, 10, data_seed=0)
 
 
+def test_the_task_depends_only_on_data_seed():
+    """The relevant bits, training and test sets come from --data-seed alone, not torch's global generator."""
+    torch.manual_seed(1)
+    a = parity.make_task(10, 3, 100, 50, data_seed=4)
+    torch.manual_seed(2)
+    b = parity.make_task(10, 3, 100, 50, data_seed=4)
+    c = parity.make_task(10, 3, 100, 50, data_seed=5)
+    assert torch.equal(a[0], b[0]) and all(torch.equal(u, v) for u, v in zip(a[1] + a[2], b[1] + b[2]))
+    assert not torch.equal(a[2][0], c[2][0])
+
+
 @pytest.mark.slow
 def test_a_short_run_learns_the_parity(tmp_path):
     """300 steps on n = 8, k = 2: test accuracy 1 and Boolean sensitivity exactly k, all on the relevant bits, the
