@@ -454,3 +454,16 @@ def test_train_epoch_learns_a_separable_task():
         vision.train_epoch(model, opt, x, y, batch_size=20, gen=g)
     loss1, acc1 = vision.evaluate(model, x, y)
     assert loss0 == pytest.approx(math.log(2)) and acc0 < 0.6 and acc1 == 1.0 and loss1 < loss0 / 4
+
+
+@pytest.mark.slow
+def test_the_schedule_sets_every_training_step(tmp_path, monkeypatch):
+    """--schedule cosine in a real run: step i of 3 per epoch over 2 epochs runs at lr 0.1 * (1 + cos(pi e / 2)) / 2,
+    e = i / 3 (the schedule reaches the optimizer through the training loop)."""
+    Spy.lrs = []
+    monkeypatch.setattr(torch.optim, "SGD", Spy)
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "8", "--n-train", "30", "--batch-size", "10",
+            "--epochs", "2", "--schedule", "cosine", "--lr", "mlp=0.1", "--n-test", "10", "--n-sens", "2",
+            "--out-dir", str(tmp_path)]
+    vision.main(vision.parse_args(argv))
+    assert Spy.lrs == pytest.approx([0.05 * (1 + math.cos(math.pi * i / 6)) for i in range(6)])
