@@ -939,10 +939,18 @@ def plot(data, folder):
             ax.set_yticks([])
             fig.colorbar(im, ax=ax, fraction=0.046)
         paths.append(save_figure(fig, f"{folder}/sensitivity_maps.png"))
+    def error_bar(d):  # s.e. over seeds; with one seed, that seed's s.e. over images
+        se = d["stderr"] if d["stderr"] is not None and d["stderr"] == d["stderr"] else None
+        if se is None and len(d.get("per_seed", {})) == 1:
+            se = next(iter(d["per_seed"].values()))[1]
+        return 0 if se is None or se != se else se
+
     if data.get("data_scale"):
         scale = {int(n): p for n, p in data["data_scale"].items() if p}
         ref = next(iter(scale.values()))["reference"]
-        keys = sorted({k for p in scale.values() for m in p["models"].values() for k in m["diff"]})
+        sizes_of = lambda k: sum(any(k in m["diff"] for m in p["models"].values()) for p in scale.values())  # noqa: E731
+        keys = sorted(k for k in {k for p in scale.values() for m in p["models"].values() for k in m["diff"]}
+                      if sizes_of(k) > 1 or len(scale) == 1)  # a curve needs two sizes
         fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
         for ax, key in zip(axes[0], keys):
             models = dict.fromkeys(m for p in scale.values() for m in p["models"])
@@ -950,12 +958,11 @@ def plot(data, folder):
                 pts = [(n, p["models"][name]["diff"][key]) for n, p in sorted(scale.items())
                        if name in p["models"] and key in p["models"][name]["diff"]]
                 ax.errorbar([n for n, _ in pts], [d["mean"] for _, d in pts],
-                            yerr=[0 if d["stderr"] is None or d["stderr"] != d["stderr"] else d["stderr"]
-                                  for _, d in pts], fmt="o-", capsize=3, label=f"{name} - {ref}")
+                            yerr=[error_bar(d) for _, d in pts], fmt="o-", capsize=3, label=f"{name} - {ref}")
             ax.axhline(0, color="gray", linewidth=0.8)
             ax.set_xscale("log")
             ax.set_xlabel("training images")
-            ax.set_ylabel("paired sensitivity difference (mean +- s.e. over seeds)")
+            ax.set_ylabel("paired sensitivity difference (mean +- s.e.)")
             ax.set_title(key, fontsize=9)
             ax.legend(fontsize=7)
         paths.append(save_figure(fig, f"{folder}/data_scale.png"))
