@@ -298,7 +298,7 @@ def seed_all(seed):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error (exit code 2) instead of the whole usage text before it, and no abbreviated
-    flags (else --seed would silently mean --seeds, and --patch --patch-size)."""
+    flags (else a prefix of a flag, say --see, would silently mean the whole one, --seeds)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)

@@ -168,7 +168,7 @@ def main():
     p.add_argument("--timeout", type=int, default=300, help="seconds before a mutant's test run counts as failed")
     p.add_argument("--list", action="store_true", help="only list the mutants")
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --sample draw")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample draw")
     p.add_argument("--rerun", type=str, default=None, help="run only the mutants that survived in this JSON report")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
     args = p.parse_args()
@@ -183,7 +183,7 @@ def main():
                     if not r["killed"]}
         todo = [t for t in todo if (t[0], t[1], t[2], t[3]) in survived]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
-        todo = [todo[i] for i in sorted(random.Random(args.seed).sample(range(len(todo)), args.sample))]
+        todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     copies = []
     for _ in range(args.jobs):  # one scratch copy of the repository per worker
         copy = tempfile.mkdtemp(prefix="mutate-")
