@@ -16,6 +16,7 @@ import argparse
 import math
 import os
 import time
+from collections import Counter
 
 import torch
 import torch.nn as nn
@@ -939,18 +940,17 @@ def plot(data, folder):
             ax.set_yticks([])
             fig.colorbar(im, ax=ax, fraction=0.046)
         paths.append(save_figure(fig, f"{folder}/sensitivity_maps.png"))
-    def error_bar(d):  # s.e. over seeds; with one seed, that seed's s.e. over images
-        se = d["stderr"] if d["stderr"] is not None and d["stderr"] == d["stderr"] else None
-        if se is None and len(d.get("per_seed", {})) == 1:
-            se = next(iter(d["per_seed"].values()))[1]
-        return 0 if se is None or se != se else se
-
     if data.get("data_scale"):
+        def error_bar(d):  # s.e. over seeds; with one seed, that seed's s.e. over images
+            se = d["stderr"]
+            if (se is None or se != se) and len(d.get("per_seed", {})) == 1:
+                se = next(iter(d["per_seed"].values()))[1]
+            return 0 if se is None or se != se else se
+
         scale = {int(n): p for n, p in data["data_scale"].items() if p}
         ref = next(iter(scale.values()))["reference"]
-        sizes_of = lambda k: sum(any(k in m["diff"] for m in p["models"].values()) for p in scale.values())  # noqa: E731
-        keys = sorted(k for k in {k for p in scale.values() for m in p["models"].values() for k in m["diff"]}
-                      if sizes_of(k) > 1 or len(scale) == 1)  # a curve needs two sizes
+        sizes = Counter(k for p in scale.values() for k in {k for m in p["models"].values() for k in m["diff"]})
+        keys = sorted(k for k, c in sizes.items() if c > 1 or len(scale) == 1)  # a curve needs two sizes
         fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
         for ax, key in zip(axes[0], keys):
             models = dict.fromkeys(m for p in scale.values() for m in p["models"])

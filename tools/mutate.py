@@ -181,7 +181,7 @@ def main():
     if args.rerun:  # the survivors of an earlier report (a mutant is named by file, function, line and change)
         survived = {(r["file"], r["function"], r["line"], r["mutation"]) for r in json.load(open(args.rerun))["mutants"]
                     if not r["killed"]}
-        todo = [t for t in todo if (t[0], t[1], t[2], t[3]) in survived]
+        todo = [t for t in todo if t[:4] in survived]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     copies = []
