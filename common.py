@@ -119,13 +119,13 @@ def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=
 
     f(x_batch, idx) returns, for a (B, T, D) batch, logits (B, C), a binary score (B, 1) or (B,) float (class =
     score > 0), or labels (B,) int/bool; idx (B,) are the rows of x the copies came from. With tell_position=True f is
-    called as f(x_batch, idx, pos), pos (B,) the position each copy perturbs, and each chunk's copies come sorted by
-    position (for models that reuse the clean prefix before it). Put the model in eval mode first (dropout would
-    count as flips). mask (N, T) bool marks the positions that may be perturbed. positions=None perturbs every valid
-    position `reps` times (exact per-position profile); positions=k samples k valid positions per input per rep,
-    uniformly with replacement (unbiased, cheaper for long inputs). batch_size: rows per chunk, default_batch_size(x)
-    if None. seed: chunk c draws its noise from a generator seeded by (seed, c), so a seed gives the same noise
-    whatever the number of ranks; None draws the seed from torch's global generator.
+    called as f(x_batch, idx, pos), pos (B,) the position each copy perturbs (None for the clean inputs), and each
+    chunk's copies come sorted by position (for models that reuse the clean prefix before it). Put the model in eval
+    mode first (dropout would count as flips). mask (N, T) bool marks the positions that may be perturbed.
+    positions=None perturbs every valid position `reps` times (exact per-position profile); positions=k samples k valid
+    positions per input per rep, uniformly with replacement (unbiased, cheaper for long inputs). batch_size: rows per
+    chunk, default_batch_size(x) if None. seed: chunk c draws its noise from a generator seeded by (seed, c), so a
+    seed gives the same noise whatever the number of ranks; None draws the seed from torch's global generator.
 
     Under torch.distributed (initialised), chunk c runs on rank c mod world_size and the counts are summed with one
     all_reduce: every rank must call this at the same point, and all get the same result. Raises ValueError for

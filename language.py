@@ -32,6 +32,8 @@ from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_res
                     paired_differences, plot_curves, pm, pyplot, ranks, restore, resumed_args, save_combined,
                     save_figure, seed_all, sensitivity, setup, start_run, subset_size)
 
+SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of its longest (measured: GPT-2 and
+#   the LSTM both run fastest near it; smaller groups cost the LSTM's sequential steps, larger ones padding)
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
 # the official GLUE files (the URLs of GLUE's download script) and how each task's TSV columns are laid out
@@ -281,14 +283,14 @@ class Block(nn.Module):
 
     def forward_suffix(self, x, pos, mask, k_cache, v_cache):
         """Causal block on each row's suffix only: x (B, K, C) are the rows at absolute positions pos (B, K); the
-        keys and values of the positions before them come from the clean cache (B, nh, T, hs), unchanged because
+        keys and values of the positions before them come from the clean cache (B, nh, S, hs), unchanged because
         causal attention cannot see a later perturbation."""
-        T = k_cache.shape[2]
+        S = k_cache.shape[2]  # cached positions: at least every row's positions before its suffix
         q, k, v = self.qkv_heads(x)
-        before = (torch.arange(T, device=x.device) < pos[:, :1]) & mask  # (B, T) cached keys before the suffix
+        before = (torch.arange(S, device=x.device) < pos[:, :1]) & mask[:, :S]  # (B, S) cached keys before the suffix
         last = mask.sum(1, keepdim=True) - 1
         own = (pos[:, None, :] <= pos[:, :, None]) & (pos <= last)[:, None, :]  # (B, K, K) causal, real tokens
-        keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, T + K)
+        keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, S + K)
         return self.attend(x, q, (k_cache, k), (v_cache, v), keep[:, None])
 
 
@@ -307,9 +309,11 @@ class TextTransformer(nn.Module):
     def embed_normed(self, tokens):
         return self.norm(self.embed(tokens))  # (B, T, C): where the sensitivity adds its noise
 
-    def forward_normed(self, e, mask):
+    def forward_normed(self, e, mask, cache=None):  # cache: a list to which each block's keys and values are added
         x = self.drop(e + self.pos.weight[: e.shape[1]])
         for block in self.blocks:
+            if cache is not None:
+                cache.append(block.qkv_heads(x)[1:])
             x = block(x, mask)
         x = self.ln_f(x)
         last = mask.sum(1) - 1  # the last real token of each sequence
@@ -321,15 +325,12 @@ class TextTransformer(nn.Module):
         return self.forward_normed(self.embed_normed(tokens), mask)
 
     def prefix_cache(self, e, mask):
-        """Every block's keys and values of the clean inputs (eval mode), for forward_from: a KV cache. None for the
-        bidirectional encoder, where a perturbation reaches every position."""
+        """(every block's keys and values of the clean inputs e (eval mode), for forward_from: a KV cache; their
+        logits). None for the bidirectional encoder, where a perturbation reaches every position."""
         if not self.causal:
             return None
-        x, cache = e + self.pos.weight[: e.shape[1]], []
-        for block in self.blocks:
-            cache.append(block.qkv_heads(x)[1:])
-            x = block(x, mask)
-        return cache
+        cache = []
+        return cache, self.forward_normed(e, mask, cache)
 
     def forward_from(self, e, mask, start, cache, idx):
         """Logits of inputs e (B, T, C) equal to the clean inputs idx (rows of the cache) before position start (B,):
@@ -339,8 +340,9 @@ class TextTransformer(nn.Module):
         pos = start[:, None] + torch.arange(int((last + 1 - start).max()), device=e.device)  # (B, K) positions
         cols = pos.clamp(max=T - 1)
         x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]
+        S = max(int(start.max()), 1)  # no row reads a cached key at or after its own start
         for block, (k, v) in zip(self.blocks, cache):
-            x = block.forward_suffix(x, pos, mask, k[idx], v[idx])
+            x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S])
         return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])
 
 
@@ -424,13 +426,14 @@ class LSTMClassifier(nn.Module):
         return self.forward_normed(self.embed_normed(tokens), tokens != PAD)
 
     def prefix_cache(self, e, mask):
-        """Every layer's hidden and cell states of the clean inputs (eval mode) at every position, for forward_from."""
+        """(every layer's hidden and cell states of the clean inputs e (eval mode) at every position, for
+        forward_from; their logits)."""
         cache, x = [], e
         for layer in self.layers:
             h, c = layer.run(x)
             cache.append((h, c))
             x = h
-        return cache
+        return cache, self.head(x[torch.arange(len(x), device=x.device), mask.sum(1) - 1])
 
     def forward_from(self, e, mask, start, cache, idx):
         """Logits of inputs e (B, T, C) equal to the clean inputs idx (rows of the cache) before position start (B,):
@@ -486,6 +489,23 @@ def evaluate(model, tokens, labels, batch_size=256):
     return loss / len(tokens), correct / len(tokens), max(counts) / len(tokens)
 
 
+def by_length(run, length, slack=SLACK):
+    """run(rows) on groups of rows of similar length, the outputs put back in row order. forward_from pads a batch to
+    its longest suffix, so a chunk's copies run in groups whose shortest suffix is at least `slack` times their
+    longest: a copy perturbed near the end no longer pays for one perturbed near the start."""
+    order = torch.argsort(length, descending=True)
+    sizes, first = length[order].tolist(), 0
+    out = None
+    for i in range(1, len(sizes) + 1):
+        if i == len(sizes) or sizes[i] < slack * sizes[first]:
+            rows = order[first:i]
+            y = run(rows)
+            out = y.new_empty(len(sizes), *y.shape[1:]) if out is None else out
+            out[rows] = y
+            first = i
+    return out
+
+
 @torch.no_grad()
 def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, prefix_cache=True):
     """Noise on one layer-normalised token embedding at a time, padding never. With align='right' the estimator sees
@@ -498,7 +518,7 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, pref
     mask = tokens != PAD
     e = model.embed_normed(tokens)  # (N, T, C)
     N, T, C = e.shape
-    cache = model.prefix_cache(e, mask) if prefix_cache else None
+    cache, clean = (model.prefix_cache(e, mask) if prefix_cache else None) or (None, None)
     cols = torch.arange(T, device=e.device)
     shift = T - mask.sum(1) if align == "right" else torch.zeros(N, dtype=torch.long, device=e.device)  # (N,)
     src = (cols - shift[:, None]) % T  # right-aligned column j holds left column j - shift (identity for 'left')
@@ -507,9 +527,13 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, pref
     def f(xb, idx, pos):  # shift the chunk back to the left-aligned layout the models expect
         back = (cols + shift[idx, None]) % T
         xb = xb.gather(1, back[..., None].expand(-1, -1, C))
-        if pos is None or cache is None:
+        if cache is None:
             return model.forward_normed(xb, mask[idx])
-        return model.forward_from(xb, mask[idx], pos - shift[idx], cache, idx)
+        if pos is None:  # the clean inputs, whose logits came with the cache
+            return clean[idx]
+        start = pos - shift[idx]
+        return by_length(lambda r: model.forward_from(xb[r], mask[idx[r]], start[r], cache, idx[r]),
+                         mask[idx].sum(1) - start)
 
     s = sensitivity(f, e_est, gaussian(sigma), mask=mask_est, reps=reps, positions=positions, seed=seed,
                     tell_position=True)
