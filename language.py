@@ -325,8 +325,8 @@ class TextTransformer(nn.Module):
         return self.forward_normed(self.embed_normed(tokens), mask)
 
     def prefix_cache(self, e, mask):
-        """(every block's keys and values of the clean inputs e (eval mode), for forward_from: a KV cache; their
-        logits). None for the bidirectional encoder, where a perturbation reaches every position."""
+        """(cache, logits) of the clean inputs e (eval mode): every block's keys and values, the KV cache forward_from
+        resumes from, and the logits. None for the bidirectional encoder, which a perturbation reaches everywhere."""
         if not self.causal:
             return None
         cache = []
@@ -426,8 +426,8 @@ class LSTMClassifier(nn.Module):
         return self.forward_normed(self.embed_normed(tokens), tokens != PAD)
 
     def prefix_cache(self, e, mask):
-        """(every layer's hidden and cell states of the clean inputs e (eval mode) at every position, for
-        forward_from; their logits)."""
+        """(cache, logits) of the clean inputs e (eval mode): every layer's hidden and cell states at every position,
+        which forward_from resumes from, and the logits."""
         cache, x = [], e
         for layer in self.layers:
             h, c = layer.run(x)
