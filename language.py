@@ -288,8 +288,7 @@ class Block(nn.Module):
         S = k_cache.shape[2]  # cached positions: at least every row's positions before its suffix
         q, k, v = self.qkv_heads(x)
         before = (torch.arange(S, device=x.device) < pos[:, :1]) & mask[:, :S]  # (B, S) cached keys before the suffix
-        last = mask.sum(1, keepdim=True) - 1
-        own = (pos[:, None, :] <= pos[:, :, None]) & (pos <= last)[:, None, :]  # (B, K, K) causal, real tokens
+        own = pos[:, None, :] <= pos[:, :, None]  # (B, K, K) causal: no real token sees the padding after it
         keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, S + K)
         return self.attend(x, q, (k_cache, k), (v_cache, v), keep[:, None])
 
@@ -340,7 +339,7 @@ class TextTransformer(nn.Module):
         pos = start[:, None] + torch.arange(int((last + 1 - start).max()), device=e.device)  # (B, K) positions
         cols = pos.clamp(max=T - 1)
         x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]
-        S = max(int(start.max()), 1)  # no row reads a cached key at or after its own start
+        S = int(start.max())  # no row reads a cached key at or after its own start
         for block, (k, v) in zip(self.blocks, cache):
             x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S])
         return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])

@@ -286,3 +286,42 @@ def test_paired_differences_are_against_the_first_model_asked_for():
     p = language.paired(runs, ["roberta-softmax", "lstm"])
     assert p["final"]["reference"] == p["init"]["reference"] == "roberta-softmax"
     assert p["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
+
+
+def test_by_length_groups_similar_lengths_and_keeps_row_order():
+    """Rows run in groups whose shortest length is at least `slack` times the longest, longest first, and each
+    output lands back on its own row."""
+    length = torch.tensor([6, 1, 10, 3, 9, 7])
+    groups = []
+
+    def run(rows):
+        groups.append(sorted(length[rows].tolist(), reverse=True))
+        return length[rows, None] * 10.0
+
+    out = language.by_length(run, length, slack=0.65)
+    assert groups == [[10, 9, 7], [6], [3], [1]]
+    assert torch.equal(out, length[:, None] * 10.0)
+
+
+@pytest.mark.parametrize("name,attn,fused", [("lstm", "softmax", False), ("lstm", "softmax", True),
+                                             ("gpt2", "softmax", False), ("gpt2", "relu", False)])
+def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
+    """Resuming from the clean cache at any start (the first token, the middle, the last real one) gives the logits
+    of the full forward pass on the perturbed inputs, and prefix_cache's own logits are the clean ones."""
+    args = language.parse_args(["--dim", "16", "--heads", "2", "--depth", "2", "--max-len", "12"] + ["--fused"] * fused)
+    torch.manual_seed(0)
+    model = language.build_model(name, attn, 30, args).eval()
+    tokens = torch.randint(4, 30, (4, 12), generator=torch.Generator().manual_seed(0))
+    tokens[torch.arange(12) >= torch.tensor([[12], [7], [3], [1]])] = language.PAD
+    mask = tokens != language.PAD
+    with torch.no_grad():
+        e = model.embed_normed(tokens)
+        cache, clean = model.prefix_cache(e, mask)
+        assert torch.allclose(clean, model.forward_normed(e, mask), atol=1e-5)
+        idx = torch.tensor([0, 0, 0, 1, 1, 2, 3])
+        start = torch.tensor([0, 5, 11, 0, 6, 2, 0])
+        x = e[idx].clone()
+        x[torch.arange(len(idx)), start] += 3 * torch.randn(len(idx), 16, generator=torch.Generator().manual_seed(1))
+        full = model.forward_normed(x, mask[idx])
+        assert not torch.allclose(full, clean[idx], atol=1e-3)  # the noise moves every copy's logits
+        assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
