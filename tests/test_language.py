@@ -325,3 +325,6 @@ def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
         full = model.forward_normed(x, mask[idx])
         assert not torch.allclose(full, clean[idx], atol=1e-3)  # the noise moves every copy's logits
         assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
+        first = start == 0  # a group that starts at the first token reads no cached key at all
+        assert torch.allclose(model.forward_from(x[first], mask[idx[first]], start[first], cache, idx[first]),
+                              full[first], atol=1e-5)
