@@ -45,6 +45,8 @@ def test_pair_encoding_is_roberta_style_and_truncates():
     assert tok.decode(seq) == ["<s>", "a", "b", "c", "</s>", "</s>", "d", "e", "</s>"]
     seq = tok.encode_pair("a b c d e f g", "h", max_len=8)
     assert len(seq) == 8 and tok.decode(seq) == ["<s>", "a", "b", "c", "</s>", "</s>", "h", "</s>"]
+    seq = tok.encode_pair("h", "a b c d e f g", max_len=8)  # the second sentence is the longer one: it is cut
+    assert tok.decode(seq) == ["<s>", "h", "</s>", "</s>", "a", "b", "c", "</s>"]
     ids, y = language.encode([("a b", "c", 1), ("d", "e f g", 0)], tok, 12)
     assert ids.shape == (2, 12) and (ids[:, -1] == language.PAD).all() and y.tolist() == [1, 0]
 
@@ -188,6 +190,8 @@ def test_prefix_cache_gives_exactly_the_uncached_sensitivity(name, attn, fused):
             cached, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0)
             full, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0, prefix_cache=False)
             assert torch.equal(cached.per_input, full.per_input) and cached.evaluations == full.evaluations
+            if positions is not None:  # k sampled positions per pair and draw
+                assert cached.evaluations == len(tokens) * positions * 2
             assert cached.mean > 0.005, (align, positions, cached.mean)
     assert language.build_model("roberta", attn, 60, args).prefix_cache(torch.zeros(2, 3, 32), None) is None
 
@@ -245,6 +249,14 @@ def test_evaluate_gives_the_known_loss_accuracy_and_majority_share():
     loss, acc, share = language.evaluate(Says(1), tokens, labels)
     assert acc == 0.7 and share == 1.0
     assert loss == pytest.approx(-(7 * math.log(0.8) + 3 * math.log(0.2)) / 10, rel=1e-6)
+
+    class FirstTokenIsFive(nn.Module):  # class 1 exactly for the pairs that start with token 5
+        def forward(self, tokens):
+            return torch.stack([torch.zeros(len(tokens)), (tokens[:, 0] == 5).float() * 2 - 1], 1)
+
+    tokens[:, 0] = 4
+    tokens[8:, 0] = 5  # batches of 2: the first four see class 0 only, the last class 1 only
+    assert language.evaluate(FirstTokenIsFive(), tokens, labels, batch_size=2)[2] == 0.8
 
 
 def test_mrpc_download_puts_every_pair_in_exactly_one_split(tmp_path, monkeypatch):
