@@ -32,8 +32,9 @@ from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_res
                     paired_differences, plot_curves, pm, pyplot, ranks, restore, resumed_args, save_combined,
                     save_figure, seed_all, sensitivity, setup, start_run, subset_size)
 
-SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of its longest (measured: GPT-2 and
-#   the LSTM both run fastest near it; smaller groups cost the LSTM's sequential steps, larger ones padding)
+SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of its longest (timed beside other runs,
+#   so roughly: GPT-2 and the LSTM both ran fastest near it; smaller groups cost the LSTM's sequential steps, larger
+#   ones padding)
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
 # the official GLUE files (the URLs of GLUE's download script) and how each task's TSV columns are laid out
@@ -493,16 +494,12 @@ def by_length(run, length, slack=SLACK):
     its longest suffix, so a chunk's copies run in groups whose shortest suffix is at least `slack` times their
     longest: a copy perturbed near the end no longer pays for one perturbed near the start."""
     order = torch.argsort(length, descending=True)
-    sizes, first = length[order].tolist(), 0
-    out = None
+    sizes, first, outs = length[order].tolist(), 0, []
     for i in range(1, len(sizes) + 1):
         if i == len(sizes) or sizes[i] < slack * sizes[first]:
-            rows = order[first:i]
-            y = run(rows)
-            out = y.new_empty(len(sizes), *y.shape[1:]) if out is None else out
-            out[rows] = y
+            outs.append(run(order[first:i]))
             first = i
-    return out
+    return torch.cat(outs)[torch.argsort(order)]  # output k of the sorted rows belongs to row order[k]
 
 
 @torch.no_grad()

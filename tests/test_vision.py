@@ -439,7 +439,7 @@ def test_every_mask_draws_its_noise_from_the_seed():
 
 
 def test_train_epoch_learns_a_separable_task():
-    """train_epoch takes SGD steps that reduce the loss: a linear model learns 'is the top half brighter than the
+    """train_epoch takes SGD steps that reduce the loss: a linear model learns "is the top half brighter than the
     bottom half" from 200 images to train accuracy 1 in 5 epochs (from zero weights: chance)."""
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 2, (200,), generator=g)
