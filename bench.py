@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vision
-from common import (ArgumentParser, check_args, cli, default_batch_size, environment, gaussian, get_device, patchify,
-                    sensitivity, set_threads, write_json)
+from common import default_batch_size, gaussian, patchify, sensitivity
+from runs import (ArgumentParser, cli, environment, get_device, nonnegative_int, positive_int, set_threads,
+                  write_json)
 
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read before any script sets its policy
 
@@ -52,14 +53,16 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read befo
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--batch-size", type=int, default=None, help="estimator chunk (rows); default: the estimator's")
-    p.add_argument("--n-inputs", type=int, default=None, help="inputs per estimator run; default 100 cpu, 1000 cuda")
-    p.add_argument("--rounds", type=int, default=7, help="timed rounds; each figure is the median over rounds")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads while timing (0: the scripts' policy, one)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="estimator chunk (rows); default: the "
+                   "estimator's")
+    p.add_argument("--n-inputs", type=positive_int, default=None, help="inputs per estimator run; default 100 cpu, "
+                   "1000 cuda")
+    p.add_argument("--rounds", type=positive_int, default=7, help="timed rounds; each figure is the median over rounds")
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads while timing (0: the scripts' "
+                   "policy, one)")
     p.add_argument("--out", type=str, default=None, help="where the figures are written (default: the first free "
                    "out/bench/bench[-k].json); an existing file is never replaced")
     args = p.parse_args(argv)
-    check_args(p, args, positive=["rounds", "batch_size", "n_inputs"], nonnegative=["threads"])
     if args.out is None:
         args.out, k = "out/bench/bench.json", 1
         while os.path.exists(args.out):
@@ -186,6 +189,19 @@ class UInt8Images(torch.utils.data.Dataset):
         return self.transform(img), self.labels[i]
 
 
+def epoch_on_device(model, opt, x, y, *, batch_size, gen):
+    """One epoch of vision.py's training loop: uint8 images indexed on the device in a random order, normalised
+    in batches, SGD steps; no Dataset, no DataLoader."""
+    model.train()
+    perm = torch.randperm(len(x), generator=gen, device=x.device)
+    for idx in perm.split(batch_size):
+        loss = F.cross_entropy(model(vision.normalize(x[idx])), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
 def bench_training(name, model, x, y, rounds, device):
     """Training images/s of vision.py's on-device pipeline (uint8 tensors on the device, batched normalisation)
     divided by that of the usual torchvision pipeline (Dataset + DataLoader + ToTensor/Normalize, batch 100, the
@@ -199,7 +215,7 @@ def bench_training(name, model, x, y, rounds, device):
     loader = torch.utils.data.DataLoader(UInt8Images(x, y, tf), batch_size=100, shuffle=True)
 
     def ours():
-        vision.train_epoch(model, opt, xd, yd, batch_size=100, gen=gen)
+        epoch_on_device(model, opt, xd, yd, batch_size=100, gen=gen)
 
     def usual():
         model.train()
@@ -285,7 +301,7 @@ def training_workload(n):
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
     y = torch.randint(0, 10, (n,), generator=g)
-    return lambda: vision.train_epoch(model, opt, x, y, batch_size=100, gen=g)
+    return lambda: epoch_on_device(model, opt, x, y, batch_size=100, gen=g)
 
 
 def busy_worker(threads, n, seconds):
@@ -301,7 +317,7 @@ def busy_worker(threads, n, seconds):
 
 def bench_shared_cpu(n, rounds):
     """shared_cpu_slowdown: wall time of a small training run beside one busy process (the same run in a loop, as a
-    second seed would be) divided by its time alone, with the thread policy of common.set_threads (one thread per
+    second seed would be) divided by its time alone, with the thread policy of runs.set_threads (one thread per
     process), and with torch's default threads in both processes (shared_cpu_slowdown_default)."""
     out, alone_time = {}, {}
     for key, threads in [("shared_cpu_slowdown", 1), ("shared_cpu_slowdown_default", TORCH_DEFAULT_THREADS)]:

@@ -8,55 +8,45 @@ where train accuracy is 100% and test accuracy is still low, so it tracks the hi
     python grokking.py                         # p = 113, one seed; see the README for the wall time on a CPU
     python grokking.py --seeds 0 1 2
     python grokking.py --p 53 --epochs 6000    # a smaller task that groks sooner
-    python grokking.py --plot out/grokking/p113
+    python report.py out/grokking/p113         # redraw the figure from metrics.json
 """
 
 import argparse
 import math
-import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, gaussian, load_results, plot_curves, pyplot, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, start_run)
+import report
+from common import gaussian, sensitivity
+from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_float, positive_int,
+                  restore, seed, seed_all, setup, start_run)
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # task
-    p.add_argument("--p", type=int, default=113, help="the modulus (a prime in the paper)")
-    p.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
-    p.add_argument("--data-seed", type=int, default=598, help="seed of the train/test split (fixed across --seeds)")
-    # model
-    p.add_argument("--dim", type=int, default=128, help="residual stream width (d_model)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (each of width dim / heads)")
-    p.add_argument("--mlp-dim", type=int, default=512, help="MLP hidden width (d_mlp)")
-    p.add_argument("--no-residual", action="store_true", help="the authors' variant without skip connections")
-    # optimisation
-    p.add_argument("--epochs", type=int, default=20000, help="full-batch AdamW steps")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    p.add_argument("--weight-decay", type=float, default=1.0, help="AdamW weight decay")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation seeds")
-    # sensitivity
-    p.add_argument("--sigma", type=float, default=0.1, help="std of the noise on the number embeddings")
-    p.add_argument("--reps", type=int, default=2, help="noise draws per (training pair, position)")
-    p.add_argument("--eval-every", type=int, default=100, help="epochs between evaluations")
-    # system
-    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
-    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/grokking/<run-name>/")
-    p.add_argument("--run-name", type=str, default=None, help="default: p<p>")
-    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
-                   "this many epochs (0: only when Ctrl-C stops the run)")
-    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
-                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
-    p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
-    args = p.parse_args(argv)
-    check_args(p, args, positive=["dim", "heads", "mlp_dim", "epochs", "reps", "eval_every", "lr"],
-               nonnegative=["sigma", "weight_decay", "save_every", "seeds", "data_seed", "threads"])
+    g = p.add_argument_group("task")
+    g.add_argument("--p", type=positive_int, default=113, help="the modulus (a prime in the paper)")
+    g.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
+    g.add_argument("--data-seed", type=seed, default=598, help="seed of the train/test split (fixed across --seeds)")
+    g = p.add_argument_group("model")
+    g.add_argument("--dim", type=positive_int, default=128, help="residual stream width (d_model)")
+    g.add_argument("--heads", type=positive_int, default=4, help="attention heads (each of width dim / heads)")
+    g.add_argument("--mlp-dim", type=positive_int, default=512, help="MLP hidden width (d_mlp)")
+    g.add_argument("--no-residual", action="store_true", help="the authors' variant without skip connections")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=positive_int, default=20000, help="full-batch AdamW steps")
+    g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=1.0, help="AdamW weight decay")
+    g.add_argument("--seeds", type=seed, nargs="+", default=[0], help="initialisation seeds")
+    g = p.add_argument_group("sensitivity")
+    g.add_argument("--sigma", type=nonnegative_float, default=0.1, help="std of the noise on the number embeddings")
+    g.add_argument("--reps", type=positive_int, default=2, help="noise draws per (training pair, position)")
+    g.add_argument("--eval-every", type=positive_int, default=100, help="epochs between evaluations")
+    add_run_flags(p, unit="epochs", default_name="p<p>")
+    args = parse(p, "grokking", argv)
     if args.p < 2:
         p.error(f"--p must be >= 2, got {args.p}")
     if not 0 < args.frac_train < 1:
@@ -65,10 +55,6 @@ def parse_args(argv=None):
         p.error(f"--frac-train {args.frac_train} of {args.p**2} pairs leaves no training pair")
     if args.dim % args.heads:
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
-    if args.plot and not os.path.exists(args.plot):
-        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
-    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
-        p.error(f"--resume {args.resume}: no metrics.json there to continue")
     return args
 
 
@@ -171,27 +157,23 @@ def measure_sensitivity(model, tokens, sigma, reps, seed):
     return row
 
 
-def phases(history):
-    """Epochs at which train accuracy first reaches 100% (memorised) and test accuracy first exceeds 95% (grokked)."""
-    first = lambda cond: next((h["epoch"] for h in history if cond(h)), None)
-    return first(lambda h: h["train_acc"] >= 1.0), first(lambda h: h["test_acc"] > 0.95)
-
-
 # -----------------------------------------------------------------------------
 # training
 
 
-def train_one(args, seed, data, results, folder, device):
+def train_one(args, seed, data, results, device):
+    """Full-batch AdamW on the training pairs; log every --eval-every epochs and at the end."""
     tokens, labels, train = data
-    seed_all(seed)
+    seed_all(seed)  # the initialisation depends on the seed alone
     model = OneLayerTransformer(args.p, args.dim, args.heads, args.mlp_dim, residual=not args.no_residual)
     model = model.to(device)
+    # betas (0.9, 0.98) and weight decay 1 as Nanda et al.: the decay is what eventually drives the generalisation
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
-    run = f"p{args.p}/seed{seed}"
+    run = Run(f"p{args.p}", seed)
     if results.finished(run):
         return None
     start = restore(snap, model, opt) if (snap := results.resume(run, "epoch")) else 0
-    x, y = tokens[train], labels[train]
+    x, y = tokens[train], labels[train]  # the whole training set is one batch
     t0 = time.time()
     for epoch in range(start, args.epochs + 1):
         evaluating = epoch % args.eval_every == 0 or epoch == args.epochs
@@ -200,6 +182,7 @@ def train_one(args, seed, data, results, folder, device):
             row = {"epoch": epoch, **evaluate(model, tokens, labels, train)}
             if results.diverged(run, epoch, row["train_loss"], "epoch"):
                 return None
+            # measured on the training pairs: the claim is about the function learned on them
             row.update(measure_sensitivity(model, x, args.sigma, args.reps, seed), time=time.time() - t0)
             results.log(run, row)
             print(f"{run} epoch {epoch:6d} | train loss {row['train_loss']:.2e} acc {row['train_acc']:.3f} | test "
@@ -211,8 +194,8 @@ def train_one(args, seed, data, results, folder, device):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    hist = results.data["runs"][run]["history"]
-    memorised, grokked = phases(hist)
+    hist = results.data["runs"][str(run)]["history"]
+    memorised, grokked = report.phases(hist)  # the epochs where the plateau starts and ends
     final = {k: row[k] for k in ["sens", "sens_stderr", "sens_joint", "train_acc", "test_acc", "weight_norm"]}
     final.update(epoch_memorised=memorised, epoch_grokked=grokked, time=row["time"])
     results.final(run, final)
@@ -220,55 +203,22 @@ def train_one(args, seed, data, results, folder, device):
 
 
 # -----------------------------------------------------------------------------
-# figure
-
-
-def plot(data, folder):
-    plt = pyplot()
-
-    hists = [r["history"] for r in data["runs"].values() if r["history"]]
-    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
-    panels = [("accuracy", [("train_acc", "train"), ("test_acc", "test")]),
-              ("loss", [("train_loss", "train"), ("test_loss", "test")]),
-              ("sensitivity (train set)", [("sens", "token-wise"), ("sens_joint", "joint (a and b)")]),
-              ("total weight norm", [("weight_norm", "|w|")])]
-    for ax, (title, keys) in zip(axes, panels):
-        for key, label in keys:
-            plot_curves(ax, hists, "epoch", key, label)
-        for h in hists:  # the phase boundaries found from each run
-            memorised, grokked = phases(h)
-            if memorised is not None:
-                ax.axvline(memorised, color="gray", linestyle=":", linewidth=1)
-            if grokked is not None:
-                ax.axvline(grokked, color="black", linestyle="--", linewidth=1)
-        ax.set_xscale("symlog", linthresh=100)  # linear to 100, then logarithmic
-        ax.set_xlim(left=0)
-        ax.set_xlabel("epoch")
-        ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
-        ax.legend(fontsize=7)
-    axes[1].set_yscale("log")
-    return save_figure(fig, f"{folder}/grokking.png")
 
 
 def main(args):
-    if args.plot:
-        print("wrote", plot(load_results(args.plot, "grokking"), args.plot))
-        return None
     device = setup(args)
-    if args.resume:
-        args = resumed_args(args, "grokking")
     data = [t.to(device) for t in make_data(args.p, args.frac_train, args.data_seed)]
     folder, results = start_run("grokking", args, f"p{args.p}", device)
     try:
-        with results.recording():
+        with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
             for seed in args.seeds:
-                final = train_one(args, seed, data, results, folder, device)
+                final = train_one(args, seed, data, results, device)
                 if final is not None:
                     print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
                           f"{final['epoch_grokked']}, {final['time']:.0f}s")
-    finally:
-        if any(r["history"] for r in results.data["runs"].values()):
-            print("wrote", plot(results.data, folder))
+    finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
+        if paths := report.draw(results.data, folder):
+            print("wrote", *paths)
     return results.data
 
 

@@ -8,7 +8,7 @@ never) and counts how often the prediction changes, on a fixed subset of the tra
     python language.py --data-dir GLUE --task mrpc --model roberta lstm --attn softmax relu    # the paper's Fig. 7
     python language.py --data-dir GLUE --task mrpc --model gpt2 --sigma 2                      # App. A.4 ablations
     python language.py --download --data-dir GLUE --task qqp                                   # fetch the GLUE files
-    python language.py --plot out/language/mrpc-roberta-lstm                                   # redraw the figures
+    python report.py out/language/mrpc-roberta-lstm                                            # redraw the figures
 
 Tokenisation is a small word-level tokenizer built from the training split (it replaces RoBERTa's BPE); pairs are
 encoded RoBERTa-style as <s> A </s></s> B </s>.
@@ -28,9 +28,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (all_sum, ArgumentParser, check_args, cli, gaussian, load_results, merge_results, model_of,
-                    paired_differences, plot_curves, pm, pyplot, ranks, restore, resumed_args, save_combined,
-                    save_figure, seed_all, sensitivity, setup, start_run, subset_size)
+import report
+from common import gaussian, sensitivity
+from runs import (ArgumentParser, Run, add_run_flags, all_sum, cli, fraction, nonnegative_float, parse, positive_float,
+                  positive_int, ranks, restore, seed, seed_all, setup, start_run, subset_size)
 
 SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of its longest (timed beside other runs,
 #   so roughly: GPT-2 and the LSTM both ran fastest near it; smaller groups cost the LSTM's sequential steps, larger
@@ -49,75 +50,58 @@ COLUMNS = {"mrpc": ("#1 String", "#2 String", "Quality"), "qqp": ("question1", "
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # data
-    p.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
-    p.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ with train.tsv, dev.tsv")
-    p.add_argument("--download", action="store_true", help="fetch the official GLUE files into --data-dir first")
-    p.add_argument("--n-train", type=int, default=None, help="use the first this many training pairs (default: all)")
-    p.add_argument("--n-test", type=int, default=None, help="use the first this many validation pairs (GLUE's test "
-                   "labels are hidden, so validation is the test set; default: all)")
-    p.add_argument("--vocab-size", type=int, default=10000, help="most frequent training words kept (+ 4 specials)")
-    p.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included")
-    # model
-    p.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"])
-    p.add_argument("--attn", nargs="+", default=["softmax"], choices=["softmax", "relu"],
+    g = p.add_argument_group("data")
+    g.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
+    g.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ with train.tsv, dev.tsv")
+    g.add_argument("--download", action="store_true", help="fetch the official GLUE files into --data-dir first")
+    g.add_argument("--n-train", type=positive_int, default=None, help="use the first this many training pairs "
+                   "(default: all)")
+    g.add_argument("--n-test", type=positive_int, default=None, help="use the first this many validation pairs "
+                   "(GLUE's test labels are hidden, so validation is the test set; default: all)")
+    g.add_argument("--vocab-size", type=positive_int, default=10000, help="most frequent training words kept (+ 4 "
+                   "specials)")
+    g.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included (>= 8)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"])
+    g.add_argument("--attn", nargs="+", default=["softmax"], choices=["softmax", "relu"],
                    help="attention of the transformers: softmax, or relu(scores) in place of softmax")
-    p.add_argument("--depth", type=int, default=4, help="layers of every model [author code]")
-    p.add_argument("--dim", type=int, default=256, help="embedding / hidden width [author code]")
-    p.add_argument("--heads", type=int, default=8, help="attention heads [author code]")
-    p.add_argument("--dim-head", type=int, default=None, help="width of one attention head (default: dim / heads)")
-    p.add_argument("--mlp-dim", type=int, default=None, help="hidden width of the transformer MLP (default: 4 * dim)")
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout [paper]")
-    p.add_argument("--fused", action="store_true", help="run the LSTM as torch.nn.LSTM with the same weights (faster)")
-    # optimisation
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate [paper]")
-    p.add_argument("--weight-decay", type=float, default=1e-4, help="AdamW weight decay [paper]")
-    p.add_argument("--batch-size", type=int, default=32, help="pairs per step [paper]")
-    p.add_argument("--epochs", type=float, default=10, help="passes over the training pairs")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="initialisation/order seeds")
-    # sensitivity
-    p.add_argument("--sigma", type=float, nargs="+", default=[math.sqrt(15)], help="noise std(s) on the normalised "
-                   "embeddings, each measured at every evaluation; the first is the headline (default sqrt(15): the "
-                   "authors' variance 15; App. A.4 uses variance 4, sigma 2)")
-    p.add_argument("--sens-seed", type=int, default=0, help="seed of the noise: every model and seed sees the same "
+    g.add_argument("--depth", type=positive_int, default=4, help="layers of every model [author code]")
+    g.add_argument("--dim", type=positive_int, default=256, help="embedding / hidden width [author code]")
+    g.add_argument("--heads", type=positive_int, default=8, help="attention heads [author code]")
+    g.add_argument("--dim-head", type=positive_int, default=None, help="width of one head (default: dim / heads)")
+    g.add_argument("--mlp-dim", type=positive_int, default=None, help="hidden width of the transformer MLP "
+                   "(default: 4 * dim)")
+    g.add_argument("--dropout", type=fraction, default=0.1, help="dropout [paper]")
+    g.add_argument("--fused", action="store_true", help="run the LSTM as torch.nn.LSTM with the same weights (faster)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=positive_float, default=1e-4, help="AdamW learning rate [paper]")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=1e-4, help="AdamW weight decay [paper]")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="pairs per step [paper]")
+    g.add_argument("--epochs", type=positive_float, default=10, help="passes over the training pairs")
+    g.add_argument("--seeds", type=seed, nargs="+", default=[0], help="initialisation/order seeds")
+    g = p.add_argument_group("sensitivity")
+    g.add_argument("--sigma", type=nonnegative_float, nargs="+", default=[math.sqrt(15)], help="noise std(s) on the "
+                   "normalised embeddings, each measured at every evaluation; the first is the headline (default "
+                   "sqrt(15): the authors' variance 15; App. A.4 uses variance 4, sigma 2)")
+    g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise: every model and seed sees the same "
                    "perturbations of the same pairs, so differences between models are paired")
-    p.add_argument("--reps", type=int, default=1, help="noise draws per (pair, position)")
-    p.add_argument("--sens-positions", type=int, default=None,
+    g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (pair, position)")
+    g.add_argument("--sens-positions", type=positive_int, default=None,
                    help="sample this many positions per pair and draw (default: every position)")
-    p.add_argument("--n-sens", type=int, default=500, help="training pairs the sensitivity is measured on")
-    p.add_argument("--sens-test", action="store_true", help="also measure it on the first --n-sens test pairs (GLUE "
+    g.add_argument("--n-sens", type=positive_int, default=500, help="training pairs the sensitivity is measured on")
+    g.add_argument("--sens-test", action="store_true", help="also measure it on the first --n-sens test pairs (GLUE "
                    "validation, App. A.4)")
-    p.add_argument("--eval-every", type=int, default=625, help="AdamW steps between evaluations (and at "
+    g.add_argument("--eval-every", type=positive_int, default=625, help="AdamW steps between evaluations (and at "
                    "initialisation and the end); 625 steps of 32 = 20,000 examples")
-    p.add_argument("--align", nargs="+", default=["right"], choices=["right", "left"], help="per-position profile "
+    g.add_argument("--align", nargs="+", default=["right"], choices=["right", "left"], help="per-position profile "
                    "counted from the end (right, as the paper) or from the start; the first through training, every "
                    "one on the final models")
-    # system
-    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
-    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/language/<run-name>/")
-    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
-                   "this many steps (0: only when Ctrl-C stops the run)")
-    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
-                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
-    p.add_argument("--run-name", type=str, default=None, help="default: <task>-<models>")
-    p.add_argument("--plot", type=str, nargs="+", default=None, help="only redraw the figures of this run folder; "
-                   "several folders (seeds or models run apart) are combined into a new one")
-    args = p.parse_args(argv)
-    check_args(p, args, positive=["vocab_size", "depth", "dim", "heads", "dim_head", "mlp_dim", "batch_size", "reps",
-                                  "n_sens", "eval_every", "n_train", "n_test", "sens_positions", "epochs", "lr"],
-               nonnegative=["sigma", "weight_decay", "dropout", "seeds", "sens_seed", "threads", "save_every"])
-    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
-        p.error(f"--resume {args.resume}: no metrics.json there to continue")
+    add_run_flags(p, unit="steps", default_name="<task>-<models>")
+    args = parse(p, "language", argv)
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
     if args.dim % args.heads and args.dim_head is None:
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads} (or give --dim-head)")
-    if args.dropout >= 1:
-        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    for folder in args.plot or []:
-        if not os.path.exists(folder):
-            p.error(f"--plot {folder}: no such run folder or metrics.json")
     return args
 
 
@@ -551,7 +535,7 @@ def train_one(name, attn, seed, args, data, vocab, results):
     """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Under
     torchrun every rank draws the same batches and trains on its slice of each. Returns the model, or None if its
     loss diverged (metrics.json then marks the run) or if a resumed run had already finished."""
-    run = f"{name}{'' if name == 'lstm' else '-' + attn}/seed{seed}"
+    run = Run(label(name, attn), seed)
     if results.finished(run):
         return None
     seed_all(seed)
@@ -568,7 +552,6 @@ def train_one(name, attn, seed, args, data, vocab, results):
     if snap := results.resume(run, "step"):
         start = restore(snap, model, opt, [gen])
         seen, perm, per_image_init = snap["seen"], snap["perm"], snap["per_image_init"]
-        print(f"{run}: resumed after step {start}")
     rank, world = ranks()
     fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world > 1 else model
@@ -626,84 +609,15 @@ def train_one(name, attn, seed, args, data, vocab, results):
 
 
 # -----------------------------------------------------------------------------
-# figures
 
 
-def plot(data, folder):
-    """Sensitivity and accuracies through training (mean over seeds, +-1 std band), and the per-position profiles of
-    the final models in each alignment measured, with how many of the measured pairs reach each position."""
-    plt = pyplot()
-    groups = {}
-    for run, r in data["runs"].items():
-        if r["history"]:
-            groups.setdefault(model_of(run), []).append(r)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for name, runs in groups.items():
-        hists = [r["history"] for r in runs]
-        plot_curves(axes[0], hists, "examples", "sens", f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-        plot_curves(axes[1], hists, "examples", "train_acc", name)
-        plot_curves(axes[2], hists, "examples", "test_acc", name)
-    for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test (GLUE validation) accuracy"]):
-        ax.set_title(t)
-        ax.set_xlabel("training examples seen")
-        ax.legend(fontsize=7)
-    paths = [save_figure(fig, f"{folder}/sensitivity.png")]
-    done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
-    aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
-    if aligns:  # Fig. 7 right: the per-position profile of the final models, mean over seeds
-        fig, axes = plt.subplots(1, len(aligns), figsize=(7 * len(aligns), 4), squeeze=False)
-        for ax, align in zip(axes[0], aligns):
-            for name, finals in done.items():
-                profs = [f["profiles"][align] for f in finals if align in f["profiles"]]
-                if not profs:
-                    continue
-                prof = torch.tensor([[math.nan if v is None else v for v in p["sens"]] for p in profs]).nanmean(0)
-                pairs = torch.tensor(profs[0]["pairs"])
-                pos = torch.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
-                keep = pairs >= pairs.max() / 4  # drop the rare long tail: positions under a quarter of the pairs reach
-                ax.plot(pos[keep], prof[keep], label=f"{name} ({len(profs)} seeds)")
-            twin = ax.twinx()
-            twin.plot(pos, pairs, color="gray", linewidth=0.8, linestyle=":")
-            twin.set_ylabel("pairs reaching the position (dotted)", color="gray")
-            ax.set_xlabel("position counted from the last token (0)" if align == "right" else "position from <s> (0)")
-            ax.set_ylabel("sensitivity at that position")
-            ax.set_title(f"{align}-aligned", fontsize=9)
-            ax.legend(fontsize=7)
-        paths.append(save_figure(fig, f"{folder}/sensitivity_by_position.png"))
-    return paths
-
-
-def paired(runs, models):
-    """Paired differences against the first model of --model (with its first --attn), at the end and at
-    initialisation (common.paired_differences)."""
-    present = list(dict.fromkeys(model_of(run) for run in runs))
-    reference = next((m for m in models if m in present), present[0] if present else None)
-    return {"final": paired_differences(runs, reference, "per_image"),
-            "init": paired_differences(runs, reference, "per_image_init")}
-
-
-def summary(data):
-    """One line per model: its paired difference to the reference at initialisation and at the end, per sigma."""
-    for when in ["init", "final"]:
-        p = data.get("paired", {}).get(when) or {}
-        for name, d in p.get("models", {}).items():
-            parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
-            print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
+def label(name, attn):
+    """A model's name in metrics.json: the transformers with their attention ('roberta-relu'), the LSTM alone."""
+    return name if name == "lstm" else f"{name}-{attn}"
 
 
 def main(args):
-    if args.plot:
-        if len(args.plot) == 1:
-            print("wrote", *plot(load_results(args.plot[0], "language"), args.plot[0]))
-            return None
-        data = merge_results(args.plot, "language")
-        data["paired"] = paired(data["runs"], [f"{m}-{a}" if m != "lstm" else m for m in data["args"]["model"]
-                                               for a in data["args"]["attn"]])
-        summary(data)
-        return save_combined("language", data, args, plot)
     device = setup(args)
-    if args.resume:
-        args = resumed_args(args, "language")
     if args.download:
         download(args.task, args.data_dir)
     folder_data = os.path.join(args.data_dir, args.task.upper())
@@ -714,24 +628,25 @@ def main(args):
     subset_size("--n-sens", args.n_sens, len(train), "training pairs (--n-train) to measure on")
     if args.sens_test:
         subset_size("--n-sens", args.n_sens, len(test), "test pairs (--n-test) that --sens-test measures on")
-    tok = Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)
+    tok = Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)  # from the training pairs only
     data = {"train": [t.to(device) for t in encode(train, tok, args.max_len)],
             "test": [t.to(device) for t in encode(test, tok, args.max_len)]}
     folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}", device)
     print(f"{args.task}: {len(train)} train / {len(test)} test (GLUE validation) pairs, vocabulary {len(tok.itos)}")
-    labels = [f"{m}-{a}" if m != "lstm" else m for m in args.model for a in (["softmax"] if m == "lstm" else args.attn)]
+    # the LSTM has no attention: it runs once, whatever --attn
+    jobs = [(name, attn) for name in args.model for attn in (["softmax"] if name == "lstm" else args.attn)]
     try:
-        with results.recording():
-            for name in args.model:
-                for attn in (["softmax"] if name == "lstm" else args.attn):
-                    for seed in args.seeds:
-                        train_one(name, attn, seed, args, data, len(tok.itos), results)
-            results.data["paired"] = paired(results.data["runs"], labels)
+        with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
+            for name, attn in jobs:
+                for seed in args.seeds:
+                    train_one(name, attn, seed, args, data, len(tok.itos), results)
+            # paired against the first model asked for (same pairs, positions and noise for every model)
+            results.data["paired"] = report.language_paired(results.data, [label(m, a) for m, a in jobs])
             results.save()
-            summary(results.data)
-    finally:
+            report.summary(results.data)
+    finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
         if any(r["history"] for r in results.data["runs"].values()):
-            print("wrote", *plot(results.data, folder))
+            print("wrote", *report.draw(results.data, folder))
     return results.data
 
 

@@ -13,15 +13,16 @@ choice (all flags).
 """
 
 import argparse
-import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, flip, load_results, plot_curves, pyplot, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, start_run)
+import report
+from common import flip, sensitivity
+from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_float, positive_int,
+                  restore, seed, seed_all, setup, start_run)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]. With n = 20, k = 3,
 # batch 64 at lr 1e-3 did not learn in 15,000 steps on our CPU; batch 256 with AdamW weight decay 0.1 did in 6,000.
@@ -37,47 +38,36 @@ SETTINGS = {
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # task
-    p.add_argument("--n", type=int, default=20, help="number of bits")
-    p.add_argument("--k", type=int, default=3, help="number of relevant bits (the parity's degree)")
-    p.add_argument("--setting", type=int, default=1, choices=list(SETTINGS), help="preset of the grid (see SETTINGS)")
-    p.add_argument("--all-settings", action="store_true", help="run all six settings and draw the grid")
-    p.add_argument("--n-train", type=int, default=None, help="training samples (default: the setting's)")
-    p.add_argument("--n-test", type=int, default=2000, help="test samples")
-    p.add_argument("--data-seed", type=int, default=1234, help="seed of the relevant bits and the data")
-    # model and optimisation
-    p.add_argument("--dim", type=int, default=None, help="embedding width (default: the setting's)")
-    p.add_argument("--depth", type=int, default=2, help="transformer blocks")
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--dim-head", type=int, default=None, help="width of one attention head (default: dim / heads)")
-    p.add_argument("--mlp-dim", type=int, default=None, help="hidden width of the block MLP (default: 4 * dim)")
-    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: the setting's)")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per step (default: the setting's)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's decoupled weight decay (0: plain Adam)")
-    p.add_argument("--steps", type=int, default=8000, help="Adam steps")
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
+    g = p.add_argument_group("task")
+    g.add_argument("--n", type=positive_int, default=20, help="number of bits")
+    g.add_argument("--k", type=positive_int, default=3, help="number of relevant bits (the parity's degree)")
+    g.add_argument("--setting", type=int, default=1, choices=list(SETTINGS), help="preset of the grid (SETTINGS)")
+    g.add_argument("--all-settings", action="store_true", help="run all six settings and draw the grid")
+    g.add_argument("--n-train", type=positive_int, default=None, help="training samples (default: the setting's)")
+    g.add_argument("--n-test", type=positive_int, default=2000, help="test samples")
+    g.add_argument("--data-seed", type=seed, default=1234, help="seed of the relevant bits and the data")
+    g = p.add_argument_group("model")
+    g.add_argument("--dim", type=positive_int, default=None, help="embedding width (default: the setting's)")
+    g.add_argument("--depth", type=positive_int, default=2, help="transformer blocks")
+    g.add_argument("--heads", type=positive_int, default=4, help="attention heads")
+    g.add_argument("--dim-head", type=positive_int, default=None, help="width of one head (default: dim / heads)")
+    g.add_argument("--mlp-dim", type=positive_int, default=None, help="hidden width of the MLP (default: 4 * dim)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate (default: the setting's)")
+    g.add_argument("--batch-size", type=positive_int, default=None, help="samples per step (default: the setting's)")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=0.1, help="AdamW's decoupled weight decay (0: "
+                   "plain Adam)")
+    g.add_argument("--steps", type=positive_int, default=8000, help="Adam steps")
+    g.add_argument("--seeds", type=seed, nargs="+", default=None,
                    help="initialisation/order seeds, each run in turn (default: the setting's seed)")
-    # sensitivity
-    p.add_argument("--eval-every", type=int, default=200, help="Adam steps between evaluations (and at the end)")
-    p.add_argument("--n-sens", type=int, default=1000, help="training inputs the sensitivity is measured on")
-    p.add_argument("--n-eval", type=int, default=None,
+    g = p.add_argument_group("sensitivity")
+    g.add_argument("--eval-every", type=positive_int, default=200, help="Adam steps between evaluations (and at the "
+                   "end)")
+    g.add_argument("--n-sens", type=positive_int, default=1000, help="training inputs the sensitivity is measured on")
+    g.add_argument("--n-eval", type=positive_int, default=None,
                    help="training inputs the train accuracy/loss is measured on (default: 2000, or all if fewer)")
-    # system
-    p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
-    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/parity/<run-name>/")
-    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
-                   "this many steps (0: only when Ctrl-C stops the run)")
-    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
-                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
-    p.add_argument("--run-name", type=str, default=None, help="default: n<n>-k<k>-setting<s> or n<n>-k<k>-all")
-    p.add_argument("--plot", type=str, default=None, help="only redraw the figure of this run folder")
-    args = p.parse_args(argv)
-    check_args(p, args, positive=["n", "n_test", "heads", "depth", "steps", "eval_every", "n_sens", "n_eval", "n_train",
-                                  "dim", "dim_head", "mlp_dim", "batch_size", "lr"],
-               nonnegative=["weight_decay", "seeds", "data_seed", "threads", "save_every"])
-    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
-        p.error(f"--resume {args.resume}: no metrics.json there to continue")
+    add_run_flags(p, unit="steps", default_name="n<n>-k<k>-setting<s> or n<n>-k<k>-all")
+    args = parse(p, "parity", argv)
     if not 1 <= args.k <= args.n:
         p.error(f"need 1 <= --k <= --n, got --k {args.k} --n {args.n}")
     for s in list(SETTINGS) if args.all_settings else [args.setting]:
@@ -87,8 +77,6 @@ def parse_args(argv=None):
         for flag, n in [("--n-sens", args.n_sens), ("--n-eval", args.n_eval)]:
             if n is not None and n > hp["n_train"]:
                 p.error(f"{flag} {n} asks for more than the {hp['n_train']} training samples of setting {s}")
-    if args.plot and not os.path.exists(args.plot):
-        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     return args
 
 
@@ -241,14 +229,14 @@ def train_one(args, s, seed, task, results, device):
     sens_x = x_train[: args.n_sens]
     relevant_mask = torch.zeros(args.n, dtype=torch.bool)
     relevant_mask[relevant] = True
-    run = f"setting{s}/seed{seed}"
+    run = Run(f"setting{s}", seed)
     if results.finished(run):
         return None
-    seed_all(seed)
+    seed_all(seed)  # the initialisation depends on the seed alone
     model = ParityTransformer(args.n, hp["dim"], args.heads, args.depth, args.dim_head, args.mlp_dim).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=args.weight_decay)
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
-    gen = torch.Generator(device).manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)  # the minibatch order, kept in checkpoints
     start = restore(snap, model, opt, [gen]) if (snap := results.resume(run, "step")) else 0
     t0 = time.time()
     for step in range(start, args.steps + 1):
@@ -266,7 +254,7 @@ def train_one(args, s, seed, task, results, device):
         if step == args.steps:
             break
         model.train()
-        b = torch.randint(len(x_train), (hp["batch_size"],), generator=gen, device=device)
+        b = torch.randint(len(x_train), (hp["batch_size"],), generator=gen, device=device)  # with replacement
         loss = F.cross_entropy(model(x_train[b]), y_train[b])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -282,52 +270,23 @@ def train_one(args, s, seed, task, results, device):
 
 
 # -----------------------------------------------------------------------------
-# figure
-
-
-def plot(data, folder, k):
-    plt = pyplot()
-
-    runs = {run: r for run, r in data["runs"].items() if r["history"]}
-    fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), squeeze=False, sharex=True)
-    for j, (run, r) in enumerate(runs.items()):
-        ax = axes[0, j]
-        plot_curves(ax, [r["history"]], "step", "train_acc", "train")
-        plot_curves(ax, [r["history"]], "step", "test_acc", "test")
-        ax.set_title(run, fontsize=9)
-        ax.set_ylabel("accuracy")
-        ax.legend(fontsize=7)
-        ax = axes[1, j]
-        plot_curves(ax, [r["history"]], "step", "sens_count", "sensitivity (count)")
-        plot_curves(ax, [r["history"]], "step", "sens_relevant", "on the k relevant bits")
-        ax.axhline(k, color="gray", linestyle=":", label=f"k = {k}")
-        ax.set_ylabel("Boolean sensitivity")
-        ax.set_xlabel("Adam step")
-        ax.legend(fontsize=7)
-    return save_figure(fig, f"{folder}/parity.png")
 
 
 def main(args):
-    if args.plot:
-        data = load_results(args.plot, "parity")
-        print("wrote", plot(data, args.plot, data["args"]["k"]))
-        return None
-    device = setup(args)
-    if args.resume:
-        args = resumed_args(args, "parity")
     which = list(SETTINGS) if args.all_settings else [args.setting]
     name = f"n{args.n}-k{args.k}-" + ("all" if args.all_settings else f"setting{args.setting}")
+    device = setup(args)
     # the data first: a task that cannot be made (no input left to test on) leaves no run folder behind
     tasks = {s: make_task(args.n, args.k, setting(args, s)["n_train"], args.n_test, args.data_seed) for s in which}
     folder, results = start_run("parity", args, name, device)
     try:
-        with results.recording():
+        with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
             for s in which:
                 for seed in setting(args, s)["seeds"]:
                     train_one(args, s, seed, tasks[s], results, device)
-    finally:
-        if any(r["history"] for r in results.data["runs"].values()):
-            print("wrote", plot(results.data, folder, args.k))
+    finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
+        if paths := report.draw(results.data, folder):
+            print("wrote", *paths)
     return results.data
 
 

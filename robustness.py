@@ -25,11 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import report
 import vision
-from common import (ArgumentParser, check_args, cli, load_results, merge_results, model_of, patchify, plot_curves,
-                    pyplot, ranks, resumed_args, save_combined, save_figure, seed_all, setup, start_run, subset_size,
-                    unpatchify)
+from common import patchify, unpatchify
 from corruptions import EXTRA, SEVERITY, STANDARD, corrupt, load_frost, read_release
+from runs import (ArgumentParser, Run, add_run_flags, checked, cli, load_results, nonnegative_float, one_of, parse,
+                  positive_int, ranks, seed_all, setup, start_run, subset_size)
 
 # -----------------------------------------------------------------------------
 # training objectives and sharpness
@@ -147,56 +148,52 @@ FIG9 = [("resnet18", "vanilla"), ("densenet121", "vanilla"), ("vit", "vanilla"),
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       parents=[vision.base_parser()])  # every flag of vision.py's models, data, training, sensitivity
-    # what to run
-    p.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    vision.add_flags(p)  # every flag of vision.py's models, data, training and sensitivity
+    g = p.add_argument_group("robustness")
+    g.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
                    help="training variants, each applied to every --model")
-    p.add_argument("--paper-fig9", action="store_true", help="the paper's six models of Fig. 9: resnet18, "
+    g.add_argument("--paper-fig9", action="store_true", help="the paper's six models of Fig. 9: resnet18, "
                    "densenet121, vit, vit-simple, vit + augment, vit + reg (instead of --model and --variants)")
-    p.add_argument("--from-vision", type=str, default=None, help="evaluate the models saved by vision.py "
+    g.add_argument("--from-vision", type=str, default=None, help="evaluate the models saved by vision.py "
                    "--save-model in this run folder instead of training (its model and data flags are reused)")
-    p.add_argument("--augment-std", type=float, default=0.1, help="std of the Gaussian-noise augmentation")
-    p.add_argument("--reg", type=float, default=0.5, help="weight p of the sensitivity regulariser [author code]")
-    p.add_argument("--reg-std", type=float, default=1.0, help="noise std on the regulariser's patch [author code]")
-    # corruptions
-    p.add_argument("--cifar10c-dir", type=str, default=None, help="the official CIFAR-10-C release (else generate)")
-    p.add_argument("--frost-dir", type=str, default=None, help="the six frost textures of Hendrycks' generator, to "
+    g.add_argument("--augment-std", type=nonnegative_float, default=0.1, help="std of the Gaussian-noise augmentation")
+    g.add_argument("--reg", type=checked(float, lambda v: 0 <= v <= 1, "a weight in [0, 1]"), default=0.5,
+                   help="weight p of the sensitivity regulariser [author code]")
+    g.add_argument("--reg-std", type=nonnegative_float, default=1.0, help="noise std on the regulariser's patch "
+                   "[author code]")
+    g = p.add_argument_group("corruptions")
+    g.add_argument("--cifar10c-dir", type=str, default=None, help="the official CIFAR-10-C release (else generate)")
+    g.add_argument("--frost-dir", type=str, default=None, help="the six frost textures of Hendrycks' generator, to "
                    "generate frost (not needed with --cifar10c-dir)")
-    p.add_argument("--corruptions", nargs="+", default=None, help="corruptions to evaluate (default: the 15 standard "
-                   "ones and the 4 extras of the release; generated, frost only with --frost-dir)")
-    p.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="severities 1..5")
-    p.add_argument("--n-corrupt", type=int, default=None, help="test images per corruption and severity (default: "
-                   "all, the release's 10,000 for CIFAR-10)")
-    # sharpness
-    p.add_argument("--sharp-std", type=float, default=0.05, help="std of the weight noise [author code]")
-    p.add_argument("--sharp-reps", type=int, default=5, help="weight-noise draws [author code]")
-    p.add_argument("--n-sharp", type=int, default=2000, help="training images the sharpness is measured on")
-    args = p.parse_args(argv)
+    g.add_argument("--corruptions", type=one_of(list(SEVERITY), "corruption"), nargs="+", default=None,
+                   help="corruptions to evaluate (default: the 15 standard ones and the 4 extras of the release; "
+                   "generated, frost only with --frost-dir)")
+    g.add_argument("--severities", type=checked(int, lambda v: 1 <= v <= 5, "severities 1..5"), nargs="+",
+                   default=[1, 2, 3, 4, 5], help="severities 1..5")
+    g.add_argument("--n-corrupt", type=positive_int, default=None, help="test images per corruption and severity "
+                   "(default: all, the release's 10,000 for CIFAR-10)")
+    g = p.add_argument_group("sharpness")
+    g.add_argument("--sharp-std", type=nonnegative_float, default=0.05, help="std of the weight noise [author code]")
+    g.add_argument("--sharp-reps", type=positive_int, default=5, help="weight-noise draws [author code]")
+    g.add_argument("--n-sharp", type=positive_int, default=2000, help="training images the sharpness is measured on")
+    add_run_flags(p, unit="epochs", default_name="<dataset>-<models>, fig9 or from-vision")
+    args = parse(p, "robustness", argv)
     if args.from_vision:  # the saved run's own flags first, so that those given here take precedence
         try:
             saved = load_results(args.from_vision, "vision")["args"]
         except ValueError as e:
             p.error(f"--from-vision: {e}")
         known = vars(p.parse_args([]))
-        skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device"}
+        skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device", "resume", "save_every"}
         args = p.parse_args([a for k, v in saved.items() if k in known and k not in skip for a in to_argv(k, v)]
                             + (argv if argv is not None else sys.argv[1:]))
-    vision.check_arguments(p, args)
+    vision.check_flags(p, args)
     if args.corruptions is None:
         args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
     if args.paper_fig9:
         args.model = list(dict.fromkeys(m for m, _ in FIG9))
         args.variants = list(dict.fromkeys(v for _, v in FIG9))
-    bad = [c for c in args.corruptions if c not in SEVERITY]
-    if bad:
-        p.error(f"unknown corruption {bad[0]!r}; choose from {', '.join(SEVERITY)}")
-    if any(not 1 <= s <= 5 for s in args.severities):
-        p.error(f"--severities are 1..5, got {args.severities}")
-    check_args(p, args, positive=["sharp_reps", "n_corrupt", "n_sharp"],
-               nonnegative=["sharp_std", "augment_std", "reg_std", "reg"])
-    if args.reg > 1:
-        p.error(f"--reg is a weight in [0, 1], got {args.reg}")
     if args.cifar10c_dir and not os.path.isdir(args.cifar10c_dir):
         p.error(f"--cifar10c-dir {args.cifar10c_dir}: no such folder (get CIFAR-10-C from "
                 "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
@@ -231,8 +228,9 @@ def evaluate_model(model, args, data, seed):
     final = {}
     final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"])
     final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"])
-    sens = vision.measure_sensitivity(model, vision.normalize(data["train_x"][: args.n_sens]), args.sens_patch,
-                                      args.sigma[:1], ["patch"], args.sens_seed, args.reps, args.sens_positions)
+    sens = vision.measure_sensitivity(model, vision.normalize(data["train_x"][: args.n_sens]), patch=args.sens_patch,
+                                      sigmas=args.sigma[:1], masks=["patch"], seed=args.sens_seed, reps=args.reps,
+                                      positions=args.sens_positions)
     sens = next(iter(sens.values()))
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     channels = data["train_x"].shape[1]
@@ -240,104 +238,14 @@ def evaluate_model(model, args, data, seed):
     final.update(evaluate_corruptions(on_01, data["test_x"], data["test_y"], corruptions=args.corruptions,
                                       severities=args.severities, cifar10c_dir=args.cifar10c_dir, n=args.n_corrupt,
                                       frost_dir=args.frost_dir, seed=seed))
-    gen = torch.Generator(data["train_x"].device).manual_seed(seed)
+    gen = torch.Generator(data["train_x"].device).manual_seed(seed)  # the weight noise of the sharpness
     final.update(sharpness(model, vision.normalize(data["train_x"][: args.n_sharp]), args.sharp_std, args.sharp_reps,
                            gen))
     return final
 
 
-def group_finals(data):
-    """{"<model>-<variant>": [final of each seed]} of the runs that were evaluated."""
-    groups = {}
-    for run, r in data["runs"].items():
-        if r["final"].get("corruption_acc"):
-            groups.setdefault(model_of(run), []).append(r["final"])
-    return groups
-
-
-def summary(data):
-    """Per model: mean +- s.e. over seeds of the final numbers; and the correlation of sensitivity with mean
-    corruption accuracy over every model and seed (stored in data["correlation"])."""
-    keys = ["train_acc", "test_acc", "sens", "clean_acc", "mean_corruption_acc", "mean_extra_acc", "shop", "shpred"]
-    out = {}
-    for label, finals in group_finals(data).items():
-        out[label] = {"seeds": len(finals)}
-        for k in keys:
-            v = np.array([f[k] for f in finals if f.get(k) is not None], dtype=float)
-            if len(v):
-                out[label][k] = [float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None]
-        print(f"{label} ({len(finals)} seeds) | " + " | ".join(
-            f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
-            ((k, out[label][k]) for k in keys if k in out[label])))
-    pts = [(f["sens"], f["mean_corruption_acc"]) for finals in group_finals(data).values() for f in finals
-           if f.get("mean_corruption_acc") is not None]
-    if len(pts) > 2:
-        pts = np.array(pts).T
-        r = float(np.corrcoef(pts)[0, 1]) if pts.std(1).min() > 0 else None  # undefined if either is constant
-        out["correlation_sens_vs_corruption_acc"] = {"pearson_r": r, "points": pts.shape[1]}
-        print(f"sensitivity vs mean corruption accuracy over {pts.shape[1]} models and seeds: Pearson r = "
-              + (f"{r:+.3f}" if r is not None else "undefined (one of them is constant)"))
-    return out
-
-
-def plot(data, folder):
-    """Fig. 9: accuracy per corruption (mean over severities and seeds) per model, its sensitivity in the legend;
-    sensitivity against mean corruption accuracy (one point per model and seed, and the mean +- s.e. over seeds);
-    sensitivity through training."""
-    plt = pyplot()
-    groups = group_finals(data)
-    if not groups:
-        return []
-    names = list(next(iter(groups.values()))[0]["corruption_acc"])
-    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(names)), 4))
-    width = 0.8 / len(groups)
-    for i, (label, finals) in enumerate(groups.items()):
-        means = [np.mean([np.mean(list(f["corruption_acc"][c].values())) for f in finals]) for c in names]
-        sens = np.mean([f["sens"] for f in finals])
-        ax.bar(np.arange(len(names)) + i * width, means, width, label=f"{label} (sens {sens:.4f}, {len(finals)} seeds)")
-    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, [n.replace("_", "\n") for n in names], fontsize=7)
-    ax.set_ylabel("test accuracy (mean over severities)")
-    ax.legend(fontsize=7)
-    paths = [save_figure(fig, f"{folder}/corruptions.png")]
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for i, (label, finals) in enumerate(groups.items()):
-        s = np.array([f["sens"] for f in finals])
-        a = np.array([f["mean_corruption_acc"] for f in finals], dtype=float)
-        ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
-        se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
-        ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
-                    label=f"{label} ({len(finals)} seeds)")
-    ax.set_xlabel("sensitivity (train subset)")
-    ax.set_ylabel("mean corruption accuracy (15 standard)")
-    ax.legend(fontsize=7)
-    paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
-    hists = {label: [r["history"] for run, r in data["runs"].items() if model_of(run) == label and r["history"]]
-             for label in groups}
-    if any(hists.values()):
-        fig, ax = plt.subplots(figsize=(5, 4))
-        for label, h in hists.items():
-            if h:
-                plot_curves(ax, h, "epoch", "sens", label)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("sensitivity")
-        ax.legend(fontsize=7)
-        paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
-    return paths
-
-
 def main(args):
-    if args.plot:
-        if len(args.plot) == 1:
-            data = load_results(args.plot[0], "robustness")
-            summary(data)
-            print("wrote", *plot(data, args.plot[0]))
-            return None
-        data = merge_results(args.plot, "robustness")
-        data["summary"] = summary(data)
-        return save_combined("robustness", data, args, plot)
     device = setup(args)
-    if args.resume:
-        args = resumed_args(args, "robustness")
     data = vision.prepare_data(args, device)  # the same subsets as vision.py; before the run folder
     if not args.cifar10c_dir:
         subset_size("--n-corrupt", args.n_corrupt, len(data["test_x"]), "test images (--n-test)")
@@ -356,9 +264,9 @@ def main(args):
     else:
         jobs = [(m, v, s) for m in args.model for v in args.variants for s in args.seeds]
     try:
-        with results.recording():
+        with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
             for model_name, variant, seed in jobs:
-                run = f"{model_name}-{variant}/seed{seed}"
+                run = Run(f"{model_name}-{variant}", seed)
                 if results.finished(run, "corruption_acc"):
                     continue
                 # the noise of augment and reg: a stream per rank (each draws for its own slice of the batch)
@@ -374,8 +282,8 @@ def main(args):
                     except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
                         raise ValueError(f"{path} is not a {model_name} checkpoint of these flags ({e})") from None
                 else:
-                    model = vision.train_one(model_name, seed, args, data, shape, results, device, folder, run=run,
-                                             loss_fn=make_loss(variant, args, gen), generators=[gen])
+                    model = vision.train(model_name, seed, args, data, results, device, run=run,
+                                         loss_fn=make_loss(variant, args, gen), noise_generators=[gen])
                     if model is None:  # diverged: marked in metrics.json, nothing to measure
                         continue
                 final = evaluate_model(model, args, data, seed)
@@ -384,11 +292,10 @@ def main(args):
                       f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "
                       f"{final['mean_corruption_acc']:.4f} | ShOp {final['shop']:.4f} +- {final['shop_stderr']:.4f} "
                       f"| ShPred {final['shpred']:.4f} +- {final['shpred_stderr']:.4f}")
-            results.data["summary"] = summary(results.data)
+            results.data["summary"] = report.robustness_summary(results.data)  # per model, and the correlation
             results.save()
-    finally:
-        paths = plot(results.data, folder)
-        if paths:
+    finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
+        if paths := report.draw(results.data, folder):
             print("wrote", *paths)
     return results.data
 

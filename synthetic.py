@@ -14,20 +14,21 @@ The paper's sizes were lost; the ones below and in the flags are our choice (see
     python synthetic.py                          # both presets, 3 seeds each, one figure (about 1 minute on a CPU)
     python synthetic.py --case sparse-lower --seeds 0
     python synthetic.py --fig12                  # 4 settings per case (Fig. 12 grid), about 5 minutes
-    python synthetic.py --plot out/synthetic/cases   # redraw the figures from metrics.json
+    python report.py out/synthetic/cases          # redraw the figure and the summary from metrics.json
 """
 
 import argparse
 import copy
-import os
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (ArgumentParser, check_args, cli, load_results, plot_curves, pyplot, replace, restore, resumed_args,
-                    save_figure, seed_all, sensitivity, setup, start_run)
+import report
+from common import replace, sensitivity
+from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_float, positive_int,
+                  restore, seed, seed_all, setup, start_run)
 
 # the two presets of Fig. 3; sizes not named here come from the flags
 CASES = {
@@ -43,52 +44,36 @@ FIG12 = {
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # experiment
-    p.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
-    p.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="initialisation/order seeds")
-    # data (defaults for sizes the presets do not set)
-    p.add_argument("--n", type=int, default=20, help="sequence length (tokens)")
-    p.add_argument("--n-sparse", type=int, default=None, help="sparse slots n_s (default: the preset's)")
-    p.add_argument("--n-frequent", type=int, default=None, help="frequent slots n_f (default: the preset's)")
-    p.add_argument("--alpha", type=float, default=None, help="fraction of frequent slots from F_y (preset's)")
-    p.add_argument("--sparse-set", type=int, default=2, help="|S_+| = |S_-| (tokens)")
-    p.add_argument("--frequent-set", type=int, default=10, help="|F_+| = |F_-| (tokens)")
-    p.add_argument("--irrelevant-set", type=int, default=20, help="|R| (tokens)")
-    p.add_argument("--n-train", type=int, default=4000, help="training sequences")
-    p.add_argument("--n-test", type=int, default=2000, help="test and OOD test sequences (each)")
-    p.add_argument("--data-seed", type=int, default=1234, help="seed of the data generator (fixed across --seeds)")
-    # model and optimisation
-    p.add_argument("--dim-head", type=int, default=16, help="value width of the attention head")
-    p.add_argument("--init-std", type=float, default=0.1, help="std of the small random initialisation")
-    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (constant)")
-    p.add_argument("--steps", type=int, default=2000, help="SGD steps")
-    p.add_argument("--batch-size", type=int, default=100, help="sequences per step (paper: 100)")
-    # sensitivity
-    p.add_argument("--eval-every", type=int, default=50, help="SGD steps between evaluations (and at the end)")
-    p.add_argument("--n-sens", type=int, default=1000, help="training sequences the sensitivity is measured on")
-    p.add_argument("--reps", type=int, default=2, help="random replacements per (sequence, position)")
-    # system
-    p.add_argument("--device", type=str, default="cpu", help="cpu | cuda | auto (this model is tiny: cpu is fastest)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads of this process (0: one; see README)")
-    p.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/synthetic/<run-name>/")
-    p.add_argument("--save-every", type=int, default=0, help="write the training state to <run>/checkpoint.pt every "
-                   "this many steps (0: only when Ctrl-C stops the run)")
-    p.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
-                   "checkpoint.pt, with the flags it was started with (only --threads and --device come from here)")
-    p.add_argument("--run-name", type=str, default=None, help="default: cases, or fig12 with --fig12")
-    p.add_argument("--plot", type=str, default=None, help="only redraw the figures of this run folder")
-    args = p.parse_args(argv)
-    check_args(p, args, positive=["n", "sparse_set", "frequent_set", "irrelevant_set", "n_train", "n_test", "dim_head",
-                                  "steps", "batch_size", "eval_every", "n_sens", "reps", "lr", "init_std", "n_sparse",
-                                  "n_frequent"],
-               nonnegative=["seeds", "data_seed", "threads", "alpha", "save_every"])
-    if args.resume and not os.path.isfile(os.path.join(args.resume, "metrics.json")):
-        p.error(f"--resume {args.resume}: no metrics.json there to continue")
+    g = p.add_argument_group("experiment")
+    g.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
+    g.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
+    g.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2], help="initialisation/order seeds")
+    g = p.add_argument_group("data (sizes the presets do not set)")
+    g.add_argument("--n", type=positive_int, default=20, help="sequence length (tokens)")
+    g.add_argument("--n-sparse", type=positive_int, default=None, help="sparse slots n_s (default: the preset's)")
+    g.add_argument("--n-frequent", type=positive_int, default=None, help="frequent slots n_f (default: the preset's)")
+    g.add_argument("--alpha", type=nonnegative_float, default=None, help="fraction of frequent slots from F_y "
+                   "(default: the preset's)")
+    g.add_argument("--sparse-set", type=positive_int, default=2, help="|S_+| = |S_-| (tokens)")
+    g.add_argument("--frequent-set", type=positive_int, default=10, help="|F_+| = |F_-| (tokens)")
+    g.add_argument("--irrelevant-set", type=positive_int, default=20, help="|R| (tokens)")
+    g.add_argument("--n-train", type=positive_int, default=4000, help="training sequences")
+    g.add_argument("--n-test", type=positive_int, default=2000, help="test and OOD test sequences (each)")
+    g.add_argument("--data-seed", type=seed, default=1234, help="seed of the data generator (fixed across --seeds)")
+    g = p.add_argument_group("model and optimisation")
+    g.add_argument("--dim-head", type=positive_int, default=16, help="value width of the attention head")
+    g.add_argument("--init-std", type=positive_float, default=0.1, help="std of the small random initialisation")
+    g.add_argument("--lr", type=positive_float, default=0.5, help="SGD learning rate (constant)")
+    g.add_argument("--steps", type=positive_int, default=2000, help="SGD steps")
+    g.add_argument("--batch-size", type=positive_int, default=100, help="sequences per step (paper: 100)")
+    g = p.add_argument_group("sensitivity")
+    g.add_argument("--eval-every", type=positive_int, default=50, help="SGD steps between evaluations (and at the end)")
+    g.add_argument("--n-sens", type=positive_int, default=1000, help="training sequences measured on")
+    g.add_argument("--reps", type=positive_int, default=2, help="random replacements per (sequence, position)")
+    add_run_flags(p, unit="steps", default_name="cases, or fig12 with --fig12", device="cpu")  # tiny: cpu is fastest
+    args = parse(p, "synthetic", argv)
     if args.n_sens > args.n_train:
         p.error(f"--n-sens {args.n_sens} asks for more than the --n-train {args.n_train} training sequences")
-    if args.plot and not os.path.exists(args.plot):
-        p.error(f"--plot {args.plot}: no such run folder or metrics.json")
     try:
         settings(args)
     except ValueError as e:
@@ -244,14 +229,15 @@ def make_sets(vocab, args, sizes):
 
 
 def train_one(args, label, sizes, seed, results, device):
+    """Train the attention classifier of one setting with one seed; log every --eval-every steps and at the end."""
     vocab = Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)
-    onehot = torch.eye(vocab.d, device=device)
+    onehot = torch.eye(vocab.d, device=device)  # token id -> its one-hot input row
     sets = make_sets(vocab, args, sizes)
     vocab_dev = vocab.to(device)
     sets = {k: (ids.to(device), y.to(device)) for k, (ids, y) in sets.items()}
     sens_x = onehot[sets["train"][0][: args.n_sens]]  # (n_sens, n, d), a fixed subset of the training set
 
-    run = f"{label}/seed{seed}"
+    run = Run(label, seed)
     if results.finished(run):
         return None
     # the two candidate functions do not train: their sensitivity is measured once, on the same inputs
@@ -260,10 +246,10 @@ def train_one(args, label, sizes, seed, results, device):
         s = sensitivity(vote_classifier(vocab_dev, kind), sens_x, replace(onehot), reps=args.reps, seed=seed)
         cand[f"sens_{name}_fn"], cand[f"sens_{name}_fn_stderr"] = s.mean, s.stderr
 
-    seed_all(seed)
+    seed_all(seed)  # the initialisation depends on the seed alone
     model = AttentionClassifier(vocab.d, args.dim_head, args.init_std).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    order = torch.Generator(device).manual_seed(seed)
+    order = torch.Generator(device).manual_seed(seed)  # the minibatch order, kept in checkpoints
     start = restore(snap, model, opt, [order]) if (snap := results.resume(run, "step")) else 0
     ids_train, y_train = sets["train"]
     t0 = time.time()
@@ -283,8 +269,9 @@ def train_one(args, label, sizes, seed, results, device):
                   f"align s/f {row['align_sparse']:+.2f}/{row['align_frequent']:+.2f} | {time.time() - t0:.1f}s")
         if step == args.steps:
             break
-        b = torch.randint(args.n_train, (args.batch_size,), generator=order, device=device)
-        loss = F.softplus(-y_train[b] * model(onehot[ids_train[b]])).mean()  # logistic loss
+        b = torch.randint(args.n_train, (args.batch_size,), generator=order, device=device)  # sampled with replacement
+        # logistic loss log(1 + exp(-y f(x))) on labels y in {-1, +1}
+        loss = F.softplus(-y_train[b] * model(onehot[ids_train[b]])).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -296,68 +283,21 @@ def train_one(args, label, sizes, seed, results, device):
 
 
 # -----------------------------------------------------------------------------
-# figures
-
-
-def plot(data, folder):
-    """Fig. 3 (one column per setting: accuracies, alignments, attention mass, sensitivities) from metrics.json."""
-    plt = pyplot()
-
-    groups = {}
-    for run, r in data["runs"].items():
-        groups.setdefault(run.rsplit("/seed", 1)[0], []).append(r["history"])
-    rows = [("accuracy", [("train_acc", "train"), ("test_acc", "test"), ("ood_acc", "OOD test")]),
-            ("head alignment (cos)", [("align_sparse", "v_sparse"), ("align_frequent", "v_frequent"),
-                                      ("align_irrelevant", "v_irrelevant")]),
-            ("attention mass", [("att_sparse", "sparse"), ("att_frequent", "frequent"),
-                                ("att_irrelevant", "irrelevant")]),
-            ("sensitivity", [("sens", "model"), ("sens_sparse_fn", "sparse vote"),
-                             ("sens_frequent_fn", "frequent vote")])]
-    fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 10), squeeze=False, sharex=True)
-    for j, (label, hists) in enumerate(groups.items()):
-        axes[0, j].set_title(f"{label} ({len(hists)} seeds)", fontsize=9)
-        for i, (ylabel, keys) in enumerate(rows):
-            for key, name in keys:
-                plot_curves(axes[i, j], hists, "step", key, name)
-            axes[i, j].set_ylabel(ylabel)
-            axes[i, j].legend(fontsize=7)
-        axes[-1, j].set_xlabel("SGD step")
-    return save_figure(fig, f"{folder}/synthetic.png")
 
 
 def main(args):
-    if args.plot:
-        print("wrote", plot(load_results(args.plot, "synthetic"), args.plot))
-        return None
     device = setup(args)
-    if args.resume:
-        args = resumed_args(args, "synthetic")
     folder, results = start_run("synthetic", args, "fig12" if args.fig12 else "cases", device)
     try:
-        with results.recording():
+        with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
             for label, sizes in settings(args):
                 for seed in args.seeds:
                     train_one(args, label, sizes, seed, results, device)
-    finally:  # also after Ctrl-C: metrics.json is already saved, draw what there is
-        if any(r["history"] for r in results.data["runs"].values()):
-            print("wrote", plot(results.data, folder))
-    summary(results.data)
+    finally:  # also after Ctrl-C: metrics.json is already saved, draw what there is (python report.py redraws it)
+        if paths := report.draw(results.data, folder):
+            print("wrote", *paths)
+    report.summary(results.data)
     return results.data
-
-
-def summary(data):
-    """Mean +- std over seeds of the final numbers, one line per setting."""
-    groups = {}
-    for run, r in data["runs"].items():
-        if r["final"]:
-            groups.setdefault(run.rsplit("/seed", 1)[0], []).append(r["final"])
-    for label, finals in groups.items():
-        parts = []
-        for key in ["ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn",
-                    "sens_frequent_fn"]:
-            v = torch.tensor([f[key] for f in finals])
-            parts.append(f"{key} {v.mean():.3f}+-{v.std() if len(v) > 1 else 0:.3f}")
-        print(f"{label} ({len(finals)} seeds) | " + " | ".join(parts))
 
 
 if __name__ == "__main__":

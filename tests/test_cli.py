@@ -1,4 +1,4 @@
-"""Every script's front door, run as a user runs it (through common.cli): bad input is one line on stderr and exit
+"""Every script's front door, run as a user runs it (through runs.cli): bad input is one line on stderr and exit
 code 2, a diverged run exit code 3 with its metrics.json kept and marked, Ctrl-C exit code 130 with the metrics so far,
 corrupt data files named with their problem, and one vocabulary of flags."""
 
@@ -16,10 +16,12 @@ import parity
 import robustness
 import synthetic
 import vision
-from common import cli
+import imagenet
+import report
+from runs import ArgumentParser, cli
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
-           "grokking": grokking, "parity": parity, "bench": bench}
+           "grokking": grokking, "parity": parity, "bench": bench, "imagenet": imagenet, "report": report}
 VIT = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16", "--mlp-hidden", "16"]
 PAIRS = [("the cat sat on the mat", "a cat sat on a mat", 1), ("stocks fell today", "it was sunny", 0),
          ("he said it works", "it works he said", 1), ("nothing matches here", "something else", 0)]
@@ -53,7 +55,9 @@ BAD = [
     ("vision", ["--sigma", "nan"], "--sigma must be a finite number >= 0"),
     ("vision", ["--sigma", "inf"], "--sigma must be a finite number >= 0"),
     ("vision", ["--sigma", "-0.1"], "--sigma"),
-    ("vision", ["--seeds", "-1"], "--seeds must be a finite number >= 0"),
+    ("vision", ["--seeds", "-1"], "--seeds must be a seed in [0, 2^63)"),
+    ("vision", ["--sens-seed", str(2**64)], "--sens-seed must be a seed in [0, 2^63)"),  # not silently seed 0
+    ("vision", ["--run-name", "../x"], "--run-name must be a plain folder name"),
     ("vision", ["--n-train", "0"], "--n-train must be >= 1"),
     ("vision", ["--n-train", "-5"], "--n-train must be >= 1"),
     ("vision", ["--n-test", "0"], "--n-test must be >= 1"),
@@ -62,8 +66,9 @@ BAD = [
     ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "60", "--epochs", "1"], "--n-sens 60"),
     ("vision", ["--device", "cuda:7" if torch.cuda.is_available() else "cuda", "--dataset", "fake28"], "--device"),
     ("vision", ["--device", "tpu"], "--device"),
-    ("vision", ["--plot", "/no/such/run"], "--plot /no/such/run"),
-    ("vision", ["--lr", "inf"], "--lr inf"),
+    ("report", ["/no/such/run"], "/no/such/run: no such run folder"),
+    ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
+    ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
     ("vision", ["--activation", "sigmoid"], "unrecognized arguments: --activation"),
     ("vision", ["--split-seed", "1"], "unrecognized arguments: --split-seed"),
@@ -73,7 +78,7 @@ BAD = [
     ("robustness", ["--random-weights"], "unrecognized arguments: --random-weights"),
     ("robustness", ["--cifar10c-dir", "/missing"], "--cifar10c-dir /missing: no such folder"),
     ("robustness", ["--corruptions", "rain"], "unknown corruption 'rain'"),
-    ("robustness", ["--severities", "6"], "--severities are 1..5"),
+    ("robustness", ["--severities", "6"], "--severities must be severities 1..5"),
     ("robustness", ["--dataset", "fake28", "--n-corrupt", "300", "--epochs", "1"], "--n-corrupt 300"),
     ("language", ["--n-train", "-3600"], "--n-train must be >= 1"),
     ("language", ["--sigma", "nan"], "--sigma"),
@@ -92,7 +97,7 @@ BAD = [
 
 @pytest.mark.parametrize("script,argv,message", BAD, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD])
 def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tmp_path):
-    code, err = run(script, argv + ["--out-dir", str(tmp_path)] * (script != "bench"), capsys)
+    code, err = run(script, argv + ["--out-dir", str(tmp_path)] * (script not in ("bench", "report")), capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
@@ -185,16 +190,16 @@ def test_a_diverged_run_exits_3_and_keeps_its_metrics(script, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
-    real = vision.train_epoch
+    real = torch.Tensor.backward
     calls = []
 
-    def interrupted_on_third_epoch(*a, **k):
+    def interrupted_on_third_epoch(self, *a, **k):  # one SGD step per epoch: 100 images, batches of 100
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(*a, **k)
+        return real(self, *a, **k)
 
-    monkeypatch.setattr(vision, "train_epoch", interrupted_on_third_epoch)
+    monkeypatch.setattr(torch.Tensor, "backward", interrupted_on_third_epoch)
     argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "10", "--eval-every", "1", "--n-train", "100",
             "--n-test", "20", "--n-sens", "5", "--mlp-hidden", "16", "--out-dir", str(tmp_path), "--run-name", "c"]
     code, err = run("vision", argv, capsys)
@@ -231,16 +236,15 @@ def help_flags(module, capsys):
 
 
 def test_robustness_help_lists_every_flag_it_accepts(capsys):
-    """--help shows vision.py's shared flags and robustness.py's own, and none of vision's --pretrained group; every
-    flag shown is accepted."""
+    """--help shows vision.py's shared flags and robustness.py's own, and none of imagenet.py's; every flag shown is
+    accepted."""
     shown = help_flags(robustness, capsys)
-    shared = {s for a in vision.base_parser()._actions for s in a.option_strings}
+    shared = {s for a in vision.add_flags(ArgumentParser(add_help=False))._actions for s in a.option_strings}
     assert shared < shown and {"--variants", "--cifar10c-dir", "--sharp-std", "--n-test", "--help"} <= shown
     assert not shown & {"--pretrained", "--imagenet-dir", "--random-weights"}
-    accepted = {s for a in vision.base_parser()._actions for s in a.option_strings} | {"--help"}
-    own = shown - accepted
+    own = shown - shared - {"--help"}
     for flag in own:  # each of its own flags parses (with a value where it takes one)
-        argv = {"--from-vision": None, "--cifar10c-dir": None, "--plot": None}.get(flag, [flag])
+        argv = {"--from-vision": None, "--cifar10c-dir": None, "--resume": None}.get(flag, [flag])
         if argv is None:
             continue
         try:
@@ -251,13 +255,15 @@ def test_robustness_help_lists_every_flag_it_accepts(capsys):
 
 def test_one_vocabulary_across_scripts(capsys):
     """The same knob has the same flag everywhere it exists, and the old names are gone."""
-    seen = {name: help_flags(module, capsys) for name, module in SCRIPTS.items()}
+    seen = {name: help_flags(module, capsys) for name, module in SCRIPTS.items() if name != "report"}
     old = {"--layers", "--width", "--d-model", "--d-mlp", "--d-head", "--split-seed", "--n-valid", "--positions",
            "--sens-every", "--seed", "--patch", "--activation", "--sens-valid"}
     for name, names in seen.items():
         assert not names & old, (name, names & old)
     for name in ["synthetic", "vision", "language", "robustness", "grokking", "parity"]:
-        assert {"--seeds", "--eval-every", "--threads", "--device", "--out-dir", "--plot"} <= seen[name], name
+        assert {"--seeds", "--eval-every", "--threads", "--device", "--out-dir", "--run-name", "--save-every",
+                "--resume"} <= seen[name], name
+        assert "--plot" not in seen[name], name  # report.py redraws
     for name in ["vision", "language", "parity"]:
         assert {"--depth", "--heads", "--dim", "--dim-head", "--mlp-dim"} <= seen[name], name
     assert {"--dim", "--heads", "--mlp-dim"} <= seen["grokking"]

@@ -1,14 +1,12 @@
-"""The estimator in common.py against answers known in closed form, and the plumbing every script shares."""
+"""The estimator in common.py against answers known in closed form."""
 
-import json
 import math
-import os
 
 import pytest
 import torch
 
-from common import (Results, cli, flip, gaussian, load_results, new_run_dir, paired_differences, patchify, replace,
-                    sensitivity, sensitivity_counts, summarise, unpatchify, write_json)
+from common import (flip, gaussian, paired_differences, patchify, replace, sensitivity, sensitivity_counts, summarise,
+                    unpatchify)
 
 
 def threshold_model(k):
@@ -106,6 +104,22 @@ def test_sampled_positions_agree_with_exact():
     assert exact.mean > 0.02  # the check above is not vacuous
 
 
+def test_sampled_positions_are_uniform_over_each_rows_valid_positions():
+    """positions=k draws each copy's position uniformly among its own row's valid positions: with rows of 1, 2 or 3
+    valid positions out of 10, every valid position of a row of length L gets k/L of its draws (not the padding's
+    share, nor a pile-up on the last valid one)."""
+    N, T, k = 300, 10, 60
+    lengths = 1 + torch.arange(N) % 3
+    mask = torch.arange(T) < lengths[:, None]
+    _, trials, _ = sensitivity_counts(lambda xb, idx: torch.zeros(len(xb), dtype=torch.long), torch.zeros(N, T, 1),
+                                      gaussian(1.0), mask=mask, positions=k, seed=0)
+    assert torch.equal(trials.sum(1), torch.full((N,), k)) and not trials[~mask].any()
+    for L in [2, 3]:
+        rows = trials[lengths == L][:, :L].sum(0).double()  # draws at each valid position, summed over the rows
+        n = rows.sum()
+        assert ((rows - n / L).abs() < 5 * (n * (1 / L) * (1 - 1 / L)).sqrt()).all(), (L, rows)
+
+
 def test_batch_size_does_not_change_the_answer():
     x = torch.randint(0, 2, (50, 9, 1)).float() * 2 - 1
     a = sensitivity(parity_model([0, 3]), x, flip(), batch_size=7)
@@ -197,35 +211,6 @@ def test_bad_arguments_raise_value_error(call):
         call()
 
 
-def test_results_file_shape_and_atomic_rewrite(tmp_path):
-    res = Results(str(tmp_path), "vision", {"lr": 0.1}, "cpu")
-    res.log("vit/seed0", {"epoch": 0, "sens": 0.5})
-    res.final("vit/seed0", {"sens": 0.4, "sens_stderr": 0.01})
-    data = json.loads((tmp_path / "metrics.json").read_text())
-    assert data["args"] == {"lr": 0.1} and data["env"]["device"] == "cpu" and data["script"] == "vision"
-    run = data["runs"]["vit/seed0"]
-    assert run == {"history": [{"epoch": 0, "sens": 0.5}], "final": {"sens": 0.4, "sens_stderr": 0.01}}
-    assert os.listdir(tmp_path) == ["metrics.json"]  # no temp file left behind
-    assert load_results(str(tmp_path))["runs"].keys() == {"vit/seed0"}
-
-
-def test_corrupt_or_missing_results_file_is_a_clear_error(tmp_path):
-    (tmp_path / "metrics.json").write_text('{"args": {}, "ru')
-    with pytest.raises(ValueError, match="not a valid metrics.json"):
-        load_results(str(tmp_path))
-    with pytest.raises(ValueError, match="no results file"):
-        load_results(str(tmp_path / "nothing.json"))
-    write_json(str(tmp_path / "x.json"), [1])
-    with pytest.raises(ValueError, match="not a metrics.json"):
-        load_results(str(tmp_path / "x.json"))
-
-
-def test_run_dir_is_never_reused(tmp_path):
-    a = new_run_dir("vision", "vit", out_dir=str(tmp_path))
-    b = new_run_dir("vision", "vit", out_dir=str(tmp_path))
-    assert a != b and b.endswith("vit-2") and os.path.isdir(a) and os.path.isdir(b)
-
-
 @pytest.mark.parametrize("form", ["logits (B, 2)", "score (B, 1)", "score (B,)", "labels (B,) long",
                                   "labels (B,) bool"])
 def test_binary_outputs_are_read_by_shape_and_dtype(form):
@@ -299,63 +284,6 @@ def test_tell_position_passes_each_copys_position_sorted():
         assert 0.3 < s.mean < 0.7
 
 
-def test_strict_json_and_no_replace(tmp_path):
-    """NaN and inf become null; the file is readable by strict parsers; replace=False never replaces a file."""
-    path = tmp_path / "m.json"
-    write_json(str(path), {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
-    assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c)) == {"a": None, "b": [1.5, None],
-                                                                                     "c": {"d": None}}
-    umask = os.umask(0)
-    os.umask(umask)
-    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
-    with pytest.raises(FileExistsError):
-        write_json(str(path), {"x": 1}, replace=False)
-    assert json.loads(path.read_text())["b"] == [1.5, None] and os.listdir(tmp_path) == ["m.json"]
-
-
-def test_divergence_rule(tmp_path, capsys):
-    """Non-finite, or over 100x the run's first loss (at least 1), is diverged: marked in metrics.json with its step,
-    a non-finite loss written as null; a finite loss below the limit is not."""
-    res = Results(str(tmp_path), "vision", {}, "cpu")
-    assert not res.diverged("a", 0, 0.7) and not res.diverged("a", 1, 99.0)
-    assert res.diverged("a", 2, 101.0)
-    assert not res.diverged("b", 0, 3.0) and not res.diverged("b", 5, 299.0) and res.diverged("b", 6, 301.0)
-    assert res.diverged("c", 0, float("nan"))
-    data = json.loads((tmp_path / "metrics.json").read_text())
-    assert data["runs"]["a"]["diverged"] == {"step": 2, "loss": 101.0}
-    assert data["runs"]["c"]["diverged"] == {"step": 0, "loss": None}
-    err = capsys.readouterr().err
-    assert "c diverged at step 0 (training loss nan: not finite)" in err and "over 100x the initial 0.7" in err
-
-
-def test_cli_exit_codes(tmp_path, capsys):
-    """cli(): a normal run returns; ValueError / FileNotFoundError -> 2, a diverged run -> 3, Ctrl-C -> 130, each
-    with one line on stderr and metrics.json marked interrupted."""
-    def main_of(body):
-        def main(args):
-            return body()
-        main.__module__ = __name__
-        return main
-
-    parse = lambda argv: None  # noqa: E731
-    assert cli(main_of(lambda: {"runs": {"x": {}}}), parse, []) is None
-    res = Results(str(tmp_path), "vision", {}, "cpu")
-
-    def interrupted():
-        with res.recording():
-            raise KeyboardInterrupt
-
-    for body, code, text in [(lambda: (_ for _ in ()).throw(ValueError("--n-sens 9 asks for more")), 2, "--n-sens"),
-                             (lambda: open(tmp_path / "none.txt"), 2, "No such file or directory"),
-                             (lambda: {"runs": {"vit/seed0": {"diverged": {"step": 3}}}}, 3, "vit/seed0"),
-                             (interrupted, 130, "interrupted")]:
-        with pytest.raises(SystemExit) as e:
-            cli(main_of(body), parse, [])
-        err = capsys.readouterr().err
-        assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
-    assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
-
-
 def test_stderr_is_the_standard_deviation_over_inputs_over_sqrt_n():
     """With a parity on bit 0 and inputs of lengths 1, 2, 4, 5, the per-input flip rates are 1/len exactly; the
     standard error is their sample standard deviation (n - 1) divided by sqrt(n); one input has none (NaN)."""
@@ -392,13 +320,10 @@ def test_paired_differences_against_hand_computed_values():
     """Per seed: the mean over inputs of (model - reference) and its standard error over inputs; over the seeds the
     mean of those means and its standard error over seeds; the reference itself is not listed, a model without the
     reference's seed is skipped, and one seed has no standard error over seeds."""
-    def run(values):
-        return {"history": [], "final": {"per_image": {"1": values}}}
-
-    runs = {"vit/seed0": run([0.1, 0.2, 0.3]), "mlp/seed0": run([0.2, 0.4, 0.3]),
-            "vit/seed1": run([0.0, 0.0, 0.2]), "mlp/seed1": run([0.1, 0.1, 0.1]), "mlp/seed2": run([9.0, 9.0, 9.0]),
-            "cnn/seed0": run([0.1, 0.2, 0.3])}
-    out = paired_differences(runs, "vit")
+    per_input = {("vit", 0): {"1": [0.1, 0.2, 0.3]}, ("mlp", 0): {"1": [0.2, 0.4, 0.3]},
+                 ("vit", 1): {"1": [0.0, 0.0, 0.2]}, ("mlp", 1): {"1": [0.1, 0.1, 0.1]},
+                 ("mlp", 2): {"1": [9.0, 9.0, 9.0]}, ("cnn", 0): {"1": [0.1, 0.2, 0.3]}}
+    out = paired_differences(per_input, "vit")
     assert out["reference"] == "vit" and set(out["models"]) == {"mlp", "cnn"}
     d = out["models"]["mlp"]["diff"]["1"]
     assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import grokking
+import report
 
 
 def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
@@ -57,8 +58,8 @@ def test_loss_is_float64_where_float32_underflows():
 def test_phases():
     hist = [{"epoch": e, "train_acc": tr, "test_acc": te} for e, tr, te in
             [(0, 0.1, 0.0), (100, 1.0, 0.05), (200, 1.0, 0.5), (300, 1.0, 0.97)]]
-    assert grokking.phases(hist) == (100, 300)
-    assert grokking.phases(hist[:2]) == (100, None)
+    assert report.phases(hist) == (100, 300)
+    assert report.phases(hist[:2]) == (100, None)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import language
+import report
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
          ("Stocks fell 3% today.", "The weather was sunny, they said.", 0),
@@ -295,7 +296,7 @@ def test_paired_differences_are_against_the_first_model_asked_for():
     def run(per_pair):
         return {"history": [], "final": {"per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
     runs = {"lstm/seed0": run([0.5, 0.25]), "roberta-softmax/seed0": run([0.25, 0.0])}
-    p = language.paired(runs, ["roberta-softmax", "lstm"])
+    p = report.language_paired({"runs": runs}, ["roberta-softmax", "lstm"])
     assert p["final"]["reference"] == p["init"]["reference"] == "roberta-softmax"
     assert p["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
 

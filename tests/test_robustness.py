@@ -70,7 +70,7 @@ def test_end_to_end_and_from_vision(tmp_path):
 
 @pytest.mark.slow
 def test_training_honours_vision_flags(tmp_path, monkeypatch):
-    """robustness.py trains through vision.train_one, so vision's flags (here --optimizer adam) take effect."""
+    """robustness.py trains through vision.train, so vision's flags (here --optimizer adam) take effect."""
     made = []
     real = torch.optim.Adam
     monkeypatch.setattr(torch.optim, "Adam", lambda *a, **k: made.append(1) or real(*a, **k))

@@ -16,7 +16,7 @@ import parity
 import robustness
 import synthetic
 import vision
-from common import cli, strict_json
+from runs import cli, strict_json
 
 VIT = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16"]
 MRPC = ["the cat sat on the mat", "a cat sat on a mat", "stocks fell today", "it was sunny", "he said it works"]

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import report
 import synthetic
 from common import replace, sensitivity
 
@@ -112,7 +113,9 @@ def test_end_to_end(tmp_path):
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
     assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 1, 2]
     assert os.path.getsize(folder / "synthetic.png") > 10_000
-    synthetic.main(synthetic.parse_args(["--plot", str(folder)]))  # redraw from metrics.json alone
+    os.remove(folder / "synthetic.png")
+    report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
+    assert os.path.getsize(folder / "synthetic.png") > 10_000
 
 
 def test_evaluate_gives_the_known_accuracy_loss_alignment_and_attention_mass():

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+import report
 import vision
 from common import patchify
+from runs import Results
 
 SMALL = ["--depth", "2", "--heads", "2", "--dim-head", "8", "--dim", "32", "--mlp-dim", "64", "--mlp-hidden", "64"]
 
@@ -41,8 +43,8 @@ class OnePatch(nn.Module):
 def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
     """Only patch k can flip it: per-patch map nonzero at k alone, and the mean is map[k] / T."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [1.0], ["patch"], seed=0, reps=3)
-    s = sens["patch:1"]
+    sens = vision.measure_sensitivity(OnePatch(5), images, patch=8, sigmas=[1.0], masks=["patch"], seed=0, reps=3)
+    s = sens["patch", 1.0]
     assert s.per_position[5] > 0.2
     assert torch.equal(torch.cat([s.per_position[:5], s.per_position[6:]]), torch.zeros(15))
     assert s.mean == pytest.approx(s.per_position[5].item() / 16, rel=1e-5)
@@ -51,8 +53,20 @@ def test_patch_sensitivity_of_a_one_patch_model_is_one_over_T_shaped():
 def test_global_noise_reaches_every_patch():
     """App. A.2: one global perturbation moves every patch, so the one-patch model flips more often per copy."""
     images = torch.randn(200, 3, 32, 32) * 0.05
-    sens = vision.measure_sensitivity(OnePatch(5), images, 8, [4.0], ["patch", "global"], seed=0, reps=3)
-    assert sens["global:4"].evaluations == 600 and sens["global:4"].mean > 4 * sens["patch:4"].mean
+    sens = vision.measure_sensitivity(OnePatch(5), images, patch=8, sigmas=[4.0], masks=["patch", "global"], seed=0,
+                                      reps=3)
+    assert sens["global", 4.0].evaluations == 600 and sens["global", 4.0].mean > 4 * sens["patch", 4.0].mean
+
+
+def test_global_noise_has_one_patchs_energy():
+    """App. A.2 compares equal noise energy: the global mask puts std sigma / sqrt(T) on every pixel, so the mean of
+    patch k's D = 192 values moves by N(0, sigma^2 / (T D)) and a patch at 0.05 flips with probability
+    Phi(-0.05 sqrt(T D) / sigma), T = 16 (std sigma on every pixel would flip it at Phi(-0.05 sqrt(D) / sigma))."""
+    images = torch.full((400, 3, 32, 32), 0.05)
+    s = vision.measure_sensitivity(OnePatch(5), images, patch=8, sigmas=[4.0], masks=["global"], seed=0,
+                                   reps=3)["global", 4.0]
+    p = phi(-0.05 * math.sqrt(16 * 192) / 4.0)  # 0.244; without the sqrt(T) it would be 0.431
+    assert abs(s.mean - p) < 4 * math.sqrt(p * (1 - p) / 1200)
 
 
 def test_normalize_and_augment():
@@ -60,6 +74,9 @@ def test_normalize_and_augment():
     n = vision.normalize(x)
     assert n.min() >= -1 and n.max() <= 1 and n.dtype == torch.float32
     assert torch.equal(vision.normalize(torch.tensor([0, 255], dtype=torch.uint8)), torch.tensor([-1.0, 1.0]))
+    floats = torch.tensor([0.0, 255.0])
+    vision.normalize(floats)
+    assert torch.equal(floats, torch.tensor([0.0, 255.0]))  # a float input is not overwritten
     a = vision.augment_batch(x, torch.Generator().manual_seed(0))
     assert a.shape == x.shape and a.dtype == torch.uint8
     # each augmented image is its source, possibly flipped, shifted by at most 4 pixels, padded with zeros
@@ -92,9 +109,14 @@ def test_bad_arguments_are_rejected():
 
 
 def test_learning_rates_per_model():
+    """The last --lr naming a model (or no model) is its rate; a model not named keeps the paper's rate for it."""
     args = vision.parse_args(["--model", "vit", "cnn", "mlp", "--lr", "0.3", "cnn=0.05"])
-    assert args.lr == {"vit": 0.3, "cnn": 0.05, "mlp": 0.3}
-    assert vision.parse_args(["--model", "cnn"]).lr == {} and vision.default_lr("cnn", "fashionmnist") == 0.005
+    assert [vision.learning_rate(m, args) for m in ["vit", "cnn", "mlp"]] == [0.3, 0.05, 0.3]
+    args = vision.parse_args(["--model", "cnn", "vit", "--lr", "cnn=0.05", "0.2", "--dataset", "fashionmnist"])
+    assert [vision.learning_rate(m, args) for m in ["cnn", "vit"]] == [0.2, 0.2]
+    args = vision.parse_args(["--model", "cnn", "vit", "--lr", "vit=0.3", "--dataset", "fashionmnist"])
+    assert [vision.learning_rate(m, args) for m in ["cnn", "vit"]] == [0.005, 0.3]
+    assert vision.learning_rate("vit", vision.parse_args(["--dataset", "mnist01"])) == 0.01
 
 
 @pytest.mark.slow
@@ -117,21 +139,10 @@ def test_end_to_end_on_fake_data(tmp_path):
     for png in ["sensitivity.png", "sigma_sweep.png", "sensitivity_maps.png"]:
         assert (folder / png).stat().st_size > 5000
     assert (folder / "vit-seed0.pt").exists()
-    vision.main(vision.parse_args(["--plot", str(folder)]))
-
-
-@pytest.mark.slow
-def test_pretrained_mode_offline_with_random_weights(tmp_path):
-    """--pretrained on an ImageFolder, with torchvision's ConvNeXt-Tiny built without weights (no download)."""
-    from PIL import Image
-    for cls in ["a", "b"]:
-        (tmp_path / "imgs" / cls).mkdir(parents=True)
-        Image.new("RGB", (64, 48), (30, 90, 200)).save(tmp_path / "imgs" / cls / "x.png")
-    argv = ["--pretrained", "convnext_tiny", "--imagenet-dir", str(tmp_path / "imgs"), "--random-weights",
-            "--n-sens", "2", "--sens-positions", "1", "--out-dir", str(tmp_path)]
-    data = vision.main(vision.parse_args(argv))
-    final = data["runs"]["convnext_tiny/pretrained"]["final"]
-    assert 0 <= final["sens"] <= 1 and "sens_stderr" in final
+    for png in folder.glob("*.png"):
+        png.unlink()
+    report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
+    assert (folder / "sigma_sweep.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
@@ -222,7 +233,7 @@ class Spy(torch.optim.SGD):
 
 def test_options_reach_the_optimizer(monkeypatch):
     """--momentum and --weight-decay reach SGD, --optimizer adam makes Adam, --lr per model reaches each model
-    (others keep the paper's rate for the dataset; 0.01 on MNIST 0 vs 1), and the schedule sets every step's lr."""
+    (others keep the paper's rate for the dataset; 0.01 on MNIST 0 vs 1)."""
     model = nn.Linear(2, 2)
     args = vision.parse_args(["--dataset", "fashionmnist", "--model", "cnn", "mlp", "--lr", "cnn=0.05",
                               "--momentum", "0.9", "--weight-decay", "0.001"])
@@ -235,12 +246,6 @@ def test_options_reach_the_optimizer(monkeypatch):
     assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["lr"] == 3e-4
     mnist = vision.parse_args(["--dataset", "mnist01"])
     assert vision.make_optimizer("vit", model, mnist).param_groups[0]["lr"] == 0.01
-    Spy.lrs = []
-    x, y = torch.randint(0, 256, (40, 1, 28, 28), dtype=torch.uint8), torch.randint(0, 10, (40,))
-    net = vision.build_model("mlp", vision.parse_args(["--dataset", "fake28", "--mlp-hidden", "8"]), 1, 28, 10)
-    vision.train_epoch(net, Spy(net.parameters(), lr=1.0), x, y, batch_size=10, gen=torch.Generator().manual_seed(0),
-                       lr_fn=lambda frac: 0.5 - frac)
-    assert Spy.lrs == pytest.approx([0.5, 0.25, 0.0, -0.25])
 
 
 @pytest.mark.slow
@@ -344,9 +349,10 @@ def test_sweep_follows_the_closed_form_at_every_sigma():
     """The mean of D = 49 noisy values moves by N(0, sigma^2 / D): a patch at mean a flips with probability
     Phi(-a sqrt(D) / sigma) at every sigma of the sweep, and no other patch flips."""
     images = torch.full((300, 1, 28, 28), 0.2)
-    sens = vision.measure_sensitivity(PatchThreshold(6), images, 7, [0.3, 1.0, 3.0, 10.0], ["patch"], seed=0, reps=4)
+    sens = vision.measure_sensitivity(PatchThreshold(6), images, patch=7, sigmas=[0.3, 1.0, 3.0, 10.0],
+                                      masks=["patch"], seed=0, reps=4)
     for sigma in [0.3, 1.0, 3.0, 10.0]:
-        s = sens[f"patch:{sigma:g}"]
+        s = sens["patch", sigma]
         p = phi(-0.2 * 7 / sigma)
         assert abs(s.per_position[6].item() - p) < 4 * math.sqrt(p * (1 - p) / 1200) + 1e-9, (sigma, p)
         assert s.per_position.sum().item() == s.per_position[6].item()
@@ -359,10 +365,12 @@ def test_paired_difference_of_two_models_on_the_same_noise():
     images[:, :, :7, :7], images[:, :, 7:14, :7] = 0.1, 0.4  # patch 0 at 0.1, patch 4 at 0.4
     runs = {}
     for name, k in [("vit", 4), ("mlp", 0)]:
-        s = vision.measure_sensitivity(PatchThreshold(k), images, 7, [1.0], ["patch"], seed=3, reps=2)["patch:1"]
-        runs[f"{name}/seed0"] = {"history": [], "final": {"per_image": {"patch:1": s.per_input.tolist()},
-                                                          "sens_at": {"patch:1": {"sens": s.mean}}}}
-    p = vision.paired_differences(runs)
+        s = vision.measure_sensitivity(PatchThreshold(k), images, patch=7, sigmas=[1.0], masks=["patch"], seed=3,
+                                       reps=2)["patch", 1.0]
+        runs[f"{name}/seed0"] = {"model": name, "seed": 0, "history": [],
+                                 "final": {"per_image": {"patch:1": s.per_input.tolist()},
+                                           "sens_at": {"patch:1": {"sens": s.mean}}}}
+    p = report.vision_paired({"runs": runs})
     d = p["models"]["mlp"]["diff"]["patch:1"]
     expected = (phi(-0.7) - phi(-2.8)) / 16
     se = d["per_seed"]["seed0"][1]
@@ -372,20 +380,23 @@ def test_paired_difference_of_two_models_on_the_same_noise():
 def test_crossover_and_matched_accuracy_on_made_up_numbers():
     """Crossover: where the seed-mean curves cross, interpolated on log sigma. Matched accuracy: the sensitivity
     where train accuracy first reaches each level, linearly interpolated between evaluations."""
-    finals = {"vit/seed0": {"sens_at": {"patch:1": {"sens": 0.2}, "patch:10": {"sens": 0.5}}},
-              "mlp/seed0": {"sens_at": {"patch:1": {"sens": 0.1}, "patch:10": {"sens": 0.7}}}}
-    (sigma,) = vision.crossovers(finals, "mlp", "vit")["patch"]
+    (sigma,) = report.crossovers({1: 0.1, 10: 0.7}, {1: 0.2, 10: 0.5})
     assert sigma == pytest.approx(10 ** (1 / 3))  # d goes -0.1 -> +0.2: a third of the way in log sigma
     # level exactly at a measured sigma (counted once), then a crossing between 10 and 100 (two thirds of the way)
     curves = {"vit": [0.3, 0.3, 0.3, 0.3], "mlp": [0.2, 0.3, 0.5, 0.2]}
-    finals = {f"{m}/seed0": {"sens_at": {f"patch:{s:g}": {"sens": v} for s, v in zip([0.1, 1, 10, 100], vals)}}
-              for m, vals in curves.items()}
-    assert vision.crossovers(finals, "mlp", "vit")["patch"] == pytest.approx([1.0, 10 ** (1 + 2 / 3)])
+    data = {"runs": {f"{m}/seed0": {"history": [], "final": {
+        "per_image": {"patch:1": [0.0, 0.0]},
+        "sens_at": {f"patch:{s:g}": {"sens": v} for s, v in zip([0.1, 1, 10, 100], vals)}}}
+        for m, vals in curves.items()}}
+    assert report.vision_paired(data)["models"]["mlp"]["crossover"]["patch"] == pytest.approx([1.0, 10 ** (1 + 2 / 3)])
     h = [{"epoch": 0, "train_acc": 0.1, "sens@x": 0.0}, {"epoch": 5, "train_acc": 0.7, "sens@x": 0.3},
          {"epoch": 10, "train_acc": 0.9, "sens@x": 0.1}]
-    got = vision.at_train_accuracy(h, [0.05, 0.8, 0.95], ["sens@x"])
+    got = report.at_train_accuracy(h, [0.05, 0.8, 0.95], ["sens@x"])
     assert got["0.05"] == {"epoch": 0.0, "sens@x": 0.0} and got["0.95"] is None
     assert got["0.8"]["epoch"] == pytest.approx(7.5) and got["0.8"]["sens@x"] == pytest.approx(0.2)
+    got = report.at_train_accuracy(h, [0.75, 0.4], ["sens@x"])  # a quarter, and half of the first interval
+    assert got["0.75"]["epoch"] == pytest.approx(6.25) and got["0.75"]["sens@x"] == pytest.approx(0.25)
+    assert got["0.4"]["epoch"] == pytest.approx(2.5) and got["0.4"]["sens@x"] == pytest.approx(0.15)
 
 
 def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
@@ -430,30 +441,29 @@ def test_every_mask_draws_its_noise_from_the_seed():
     comparisons rely on it), another seed other flips; by default one draw per patch (N * T evaluations)."""
     images = torch.rand(40, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 0.1
     model = PatchThreshold(5)
-    a, b, c = (vision.measure_sensitivity(model, images, 7, [1.0], ["patch", "scattered", "global"], seed=s)
-               for s in [3, 3, 4])
+    a, b, c = (vision.measure_sensitivity(model, images, patch=7, sigmas=[1.0], masks=["patch", "scattered", "global"],
+                                          seed=s) for s in [3, 3, 4])
     for key in a:
         assert torch.equal(a[key].per_input, b[key].per_input), key
         assert not torch.equal(a[key].per_input, c[key].per_input), key
-    assert a["patch:1"].evaluations == 40 * 16
+    assert a["patch", 1.0].evaluations == 40 * 16
 
 
-def test_train_epoch_learns_a_separable_task():
-    """train_epoch takes SGD steps that reduce the loss: a linear model learns "is the top half brighter than the
-    bottom half" from 200 images to train accuracy 1 in 5 epochs (from zero weights: chance)."""
+def test_training_loop_learns_a_separable_task(tmp_path):
+    """vision.train's loop takes SGD steps that reduce the loss: an MLP learns "is the top half brighter than the
+    bottom half" from 200 images to train accuracy 1 in 5 epochs (a deleted backward() or step() stays at chance)."""
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 2, (200,), generator=g)
     x = torch.randint(0, 100, (200, 1, 28, 28), generator=g, dtype=torch.uint8)
     x[y == 1, :, :14] += 120
     x[y == 0, :, 14:] += 120
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 2))
-    nn.init.zeros_(model[1].weight), nn.init.zeros_(model[1].bias)  # starts at loss log 2, accuracy = class 0's share
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loss0, acc0 = vision.evaluate(model, x, y)
-    for _ in range(5):
-        vision.train_epoch(model, opt, x, y, batch_size=20, gen=g)
-    loss1, acc1 = vision.evaluate(model, x, y)
-    assert loss0 == pytest.approx(math.log(2)) and acc0 < 0.6 and acc1 == 1.0 and loss1 < loss0 / 4
+    data = {"train_x": x, "train_y": y, "test_x": x[:20], "test_y": y[:20]}
+    args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "5",
+                              "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "5"])
+    results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    vision.train("mlp", 0, args, data, results, torch.device("cpu"))
+    first, last = results.data["runs"]["mlp/seed0"]["history"]
+    assert first["train_acc"] < 0.7 and last["train_acc"] == 1.0 and last["train_loss"] < first["train_loss"] / 4
 
 
 @pytest.mark.slow

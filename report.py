@@ -1,0 +1,584 @@
+"""Figures and summaries from finished run folders: it reads metrics.json files and never imports a model.
+
+    python report.py out/vision/fashionmnist-vit-mlp                 # redraw a run's figures, print its summary
+    python report.py out/vision/seed0 out/vision/seed1 out/vision/seed2 --run-name fmnist-3seeds
+        # several folders of one script (seeds or models run as separate processes, or vision.py --n-train sizes)
+        # are merged into a new folder: paired differences over seeds, crossover sigmas, data scale, figures
+
+Each experiment script calls `draw` and `summary` at the end of its run; this file is what reads the results.
+"""
+
+import argparse
+import math
+import os
+from collections import Counter
+
+import numpy as np
+import torch
+
+from common import paired_differences
+from runs import ArgumentParser, cli, load_results, new_run_dir, write_json
+
+SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
+
+# -----------------------------------------------------------------------------
+# reading runs: identity as fields, keys of what was measured
+
+
+def identity(run, r):
+    """(model, seed) of a run record; records written before they held the fields are named '<model>/seed<k>'."""
+    if "model" in r:
+        return r["model"], r["seed"]
+    model, _, seed = run.partition("/")
+    return model, int(seed[4:]) if seed.startswith("seed") and seed[4:].isdigit() else seed
+
+
+def models(data):
+    """{model: [run records]} in the order they were run."""
+    out = {}
+    for run, r in data["runs"].items():
+        out.setdefault(identity(run, r)[0], []).append(r)
+    return out
+
+
+def mask_sigma(key):
+    """'patch:0.1' -> ('patch', 0.1): a vision.py measurement key, as written in metrics.json."""
+    mask, _, sigma = key.partition(":")
+    return mask, float(sigma)
+
+
+def paired(data, reference, field="per_image"):
+    """common.paired_differences over the runs that hold final[field]."""
+    per_input = {identity(run, r): r["final"][field] for run, r in data["runs"].items() if r["final"].get(field)}
+    return paired_differences(per_input, reference)
+
+
+def pm(mean, stderr, n=None):
+    """'+0.0123 +- 0.0045 (3 seeds)': a paired difference with its standard error (none shown for one seed)."""
+    se = f" +- {stderr:.4f}" if stderr is not None and math.isfinite(stderr) else ""
+    return f"{mean:+.4f}{se}" + (f" ({n} seed{'s' if n != 1 else ''})" if n is not None else "")
+
+
+# -----------------------------------------------------------------------------
+# readouts: crossover sigmas, matched train accuracy, grokking's phases
+
+
+def crossovers(a, b):
+    """Sigmas where two sensitivity curves {sigma: value} are level, interpolated on log sigma between the sigmas
+    both measured; [] when one stays above the other."""
+    sigmas = sorted(s for s in a if s in b)
+    d = [a[s] - b[s] for s in sigmas]
+    return [math.exp(math.log(s0) + d0 / (d0 - d1) * (math.log(s1) - math.log(s0)))
+            for s0, s1, d0, d1 in zip(sigmas, sigmas[1:], d, d[1:]) if d0 * d1 < 0 or (d1 == 0 != d0)]
+
+
+def mean_curve(records, mask):
+    """{sigma: mean over the records (seeds) of the final sensitivity} at the sigmas every record measured."""
+    rows = [{mask_sigma(k)[1]: v["sens"] for k, v in r["final"]["sens_at"].items() if mask_sigma(k)[0] == mask}
+            for r in records]
+    sigmas = sorted(set.intersection(*(set(r) for r in rows))) if rows else []
+    return {s: sum(r[s] for r in rows) / len(rows) for s in sigmas}
+
+
+def at_train_accuracy(history, levels, keys):
+    """{level: {"epoch": e, key: sensitivity}} where train accuracy first reaches each level, linearly interpolated
+    between the two evaluations around the crossing (the first evaluation if it already starts above); None for a
+    level never reached."""
+    out = {}
+    for level in levels:
+        i = next((i for i, h in enumerate(history) if h["train_acc"] >= level), None)
+        if i is None:
+            out[f"{level:g}"] = None
+            continue
+        lo, hi = history[max(i - 1, 0)], history[i]
+        w = 1.0 if i == 0 or hi["train_acc"] == lo["train_acc"] else \
+            (level - lo["train_acc"]) / (hi["train_acc"] - lo["train_acc"])
+        out[f"{level:g}"] = {k: lo[k] + w * (hi[k] - lo[k]) for k in ["epoch"] + keys}
+    return out
+
+
+def phases(history):
+    """Epochs at which train accuracy first reaches 100% (memorised) and test accuracy first exceeds 95% (grokked)."""
+    first = lambda cond: next((h["epoch"] for h in history if cond(h)), None)
+    return first(lambda h: h["train_acc"] >= 1.0), first(lambda h: h["test_acc"] > 0.95)
+
+
+# -----------------------------------------------------------------------------
+# summaries: what each script prints at the end of a run (and what a merge stores)
+
+
+def vision_paired(data):
+    """Paired differences against the first ViT (else the first model), with the crossover sigmas of every model's
+    seed-mean curve with the reference's, per mask; {} with fewer than two models."""
+    done = {m: [r for r in rs if r["final"].get("per_image")] for m, rs in models(data).items()}
+    done = {m: rs for m, rs in done.items() if rs}
+    if len(done) < 2:
+        return {}
+    out = paired(data, next((m for m in done if m.startswith("vit")), next(iter(done))))
+    ref = done[out["reference"]]
+    masks = {mask_sigma(k)[0] for rs in done.values() for r in rs for k in r["final"]["sens_at"]}
+    for m, p in out["models"].items():
+        p["crossover"] = {mask: crossovers(mean_curve(done[m], mask), mean_curve(ref, mask)) for mask in masks}
+    return out
+
+
+def language_paired(data, order):
+    """Paired differences against the first model of `order` present (--model with its first --attn), at the end and
+    at initialisation."""
+    present = list(models(data))
+    reference = next((m for m in order if m in present), present[0] if present else None)
+    return {"final": paired(data, reference, "per_image"), "init": paired(data, reference, "per_image_init")}
+
+
+def robustness_groups(data):
+    """{"<model>-<variant>": [final of each seed]} of the runs that were evaluated."""
+    return {m: [r["final"] for r in rs if r["final"].get("corruption_acc")] for m, rs in models(data).items()
+            if any(r["final"].get("corruption_acc") for r in rs)}
+
+
+def robustness_summary(data):
+    """Per model: mean +- s.e. over seeds of the final numbers; and the correlation of sensitivity with mean
+    corruption accuracy over every model and seed."""
+    keys = ["train_acc", "test_acc", "sens", "clean_acc", "mean_corruption_acc", "mean_extra_acc", "shop", "shpred"]
+    out = {}
+    for label, finals in robustness_groups(data).items():
+        out[label] = {"seeds": len(finals)}
+        for k in keys:
+            v = np.array([f[k] for f in finals if f.get(k) is not None], dtype=float)
+            if len(v):
+                out[label][k] = [float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None]
+        print(f"{label} ({len(finals)} seeds) | " + " | ".join(
+            f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
+            ((k, out[label][k]) for k in keys if k in out[label])))
+    pts = [(f["sens"], f["mean_corruption_acc"]) for finals in robustness_groups(data).values() for f in finals
+           if f.get("mean_corruption_acc") is not None]
+    if len(pts) > 2:
+        pts = np.array(pts).T
+        r = float(np.corrcoef(pts)[0, 1]) if pts.std(1).min() > 0 else None  # undefined if either is constant
+        out["correlation_sens_vs_corruption_acc"] = {"pearson_r": r, "points": pts.shape[1]}
+        print(f"sensitivity vs mean corruption accuracy over {pts.shape[1]} models and seeds: Pearson r = "
+              + (f"{r:+.3f}" if r is not None else "undefined (one of them is constant)"))
+    return out
+
+
+def summary(data):
+    """Print the summary lines of a run (or of merged runs) from its metrics.json."""
+    script = data.get("script")
+    if script == "synthetic":
+        for label, records in models(data).items():
+            finals = [r["final"] for r in records if r["final"]]
+            if not finals:
+                continue
+            parts = []
+            for key in ["ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn",
+                        "sens_frequent_fn"]:
+                v = torch.tensor([f[key] for f in finals])
+                parts.append(f"{key} {v.mean():.3f}+-{v.std() if len(v) > 1 else 0:.3f}")
+            print(f"{label} ({len(finals)} seeds) | " + " | ".join(parts))
+    elif script == "vision" and data.get("paired"):
+        p = data["paired"]
+        for name, d in p["models"].items():
+            parts = [f"{k} {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
+            cross = {m: [f"{s:.3g}" for s in v] for m, v in d["crossover"].items() if v}
+            parts += [f"level at sigma {cross}"] if cross else []
+            print(f"{name} - {p['reference']} | " + " | ".join(parts))
+    elif script == "language":
+        for when in ["init", "final"]:
+            p = data.get("paired", {}).get(when) or {}
+            for name, d in p.get("models", {}).items():
+                parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
+                print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
+    elif script == "robustness":
+        robustness_summary(data)
+    elif script in ("grokking", "parity", "imagenet"):
+        for run, r in data["runs"].items():
+            f = r["final"]
+            if script == "grokking" and f:
+                print(f"{run}: memorised at epoch {f['epoch_memorised']}, grokked at {f['epoch_grokked']}, "
+                      f"sensitivity {f['sens']:.4f}")
+            elif f.get("sens") is not None:
+                count = f" (count {f['sens_count']:.3f})" if "sens_count" in f else ""
+                print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}{count}")
+
+
+# -----------------------------------------------------------------------------
+# merging run folders
+
+
+def merge(folders):
+    """One metrics dict from several run folders of one script (seeds or models run as separate processes): their
+    runs merged (a run in two folders is a ValueError), the first folder's args, the list of sources, and the
+    script's combined readouts. vision.py folders that differ in the number of training images become a data-scale
+    study: the paired differences at each size."""
+    loaded = [load_results(f) for f in folders]
+    script = loaded[0].get("script")
+    if any(d.get("script") != script for d in loaded):
+        names = ", ".join(str(d.get("script")) for d in loaded)
+        raise ValueError(f"the folders were written by different scripts ({names})")
+    out = {"script": script, "sources": list(folders), "args": loaded[0].get("args", {}), "runs": {}}
+    by_size = {}  # vision.py's --n-train sizes; one group for the other scripts
+    for folder, d in zip(folders, loaded):
+        runs = by_size.setdefault(d.get("data", {}).get("n_train", 0) if script == "vision" else 0, {})
+        for run, r in d["runs"].items():
+            if run in runs:
+                raise ValueError(f"{run} is in more than one of the folders ({folder})")
+            runs[run] = r
+    if len(by_size) > 1:  # the data-scale study
+        out["data_scale"] = {str(n): vision_paired({"runs": runs}) for n, runs in sorted(by_size.items())}
+        return out
+    out["runs"] = next(iter(by_size.values()))
+    if script == "vision":
+        out["paired"] = vision_paired(out)
+    elif script == "language":
+        args = out["args"]
+        out["paired"] = language_paired(out, [f"{m}-{a}" if m != "lstm" else m for m in args.get("model", [])
+                                              for a in args.get("attn", ["softmax"])])
+    return out
+
+
+# -----------------------------------------------------------------------------
+# figures
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path):
+    """Lay out, write as PNG and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(ax, histories, x_key, y_key, label, **kw):
+    """Mean over seeds of y_key against x_key, with a +-1 std band; histories are the runs' "history" lists."""
+    rows = [[(h[x_key], h[y_key]) for h in hist if h.get(y_key) is not None] for hist in histories]
+    n = min(len(r) for r in rows)
+    if n == 0:
+        return
+    xs = np.array([x for x, _ in rows[0][:n]], dtype=float)
+    ys = np.array([[y for _, y in r[:n]] for r in rows], dtype=float)  # (seeds, points)
+    mean, std = ys.mean(0), ys.std(0)
+    line, = ax.plot(xs, mean, label=label, **kw)
+    if len(ys) > 1:
+        ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def seeds(n):
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def draw_synthetic(data, folder, plt):
+    """Fig. 3 (one column per setting: accuracies, alignments, attention mass, sensitivities)."""
+    groups = {m: [r["history"] for r in rs] for m, rs in models(data).items() if any(r["history"] for r in rs)}
+    if not groups:
+        return []
+    rows = [("accuracy", [("train_acc", "train"), ("test_acc", "test"), ("ood_acc", "OOD test")]),
+            ("head alignment (cos)", [("align_sparse", "v_sparse"), ("align_frequent", "v_frequent"),
+                                      ("align_irrelevant", "v_irrelevant")]),
+            ("attention mass", [("att_sparse", "sparse"), ("att_frequent", "frequent"),
+                                ("att_irrelevant", "irrelevant")]),
+            ("sensitivity", [("sens", "model"), ("sens_sparse_fn", "sparse vote"),
+                             ("sens_frequent_fn", "frequent vote")])]
+    fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 10), squeeze=False, sharex=True)
+    for j, (label, hists) in enumerate(groups.items()):
+        axes[0, j].set_title(f"{label} ({len(hists)} seeds)", fontsize=9)
+        for i, (ylabel, keys) in enumerate(rows):
+            for key, name in keys:
+                plot_curves(axes[i, j], hists, "step", key, name)
+            axes[i, j].set_ylabel(ylabel)
+            axes[i, j].legend(fontsize=7)
+        axes[-1, j].set_xlabel("SGD step")
+    return [save_figure(fig, f"{folder}/synthetic.png")]
+
+
+def draw_vision(data, folder, plt):
+    """Curves over training, sensitivity against train accuracy, the sigma sweep (Fig. 17), the per-patch maps, and
+    the data-scale study."""
+    groups = {m: [r for r in rs if r["history"]] for m, rs in models(data).items()}
+    groups = {m: rs for m, rs in groups.items() if rs}
+    paths = []
+    if groups:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        for name, runs in groups.items():
+            hists = [r["history"] for r in runs]
+            label = f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+            plot_curves(axes[0], hists, "epoch", "sens", label)
+            plot_curves(axes[1], hists, "epoch", "train_acc", label)
+            plot_curves(axes[2], hists, "epoch", "test_acc", label)
+        for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test accuracy"]):
+            ax.set_title(t)
+            ax.set_xlabel("epoch")
+            ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
+        fig, ax = plt.subplots(figsize=(5, 4))  # App. A.1: compare at equal train accuracy
+        for i, (name, runs) in enumerate(groups.items()):
+            for j, r in enumerate(runs):
+                h = r["history"]
+                ax.plot([x["train_acc"] for x in h], [x["sens"] for x in h], ".-", color=f"C{i}", alpha=0.7,
+                        label=name if j == 0 else None)
+        ax.set_xlabel("train accuracy")
+        args = data.get("args", {})
+        ax.set_ylabel(f"sensitivity ({args.get('mask', ['patch'])[0]}, sigma {args['sigma'][0]:g})"
+                      if args.get("sigma") else "sensitivity")
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_vs_train_acc.png"))
+    finals = {m: [r for r in rs if r["final"].get("sens_at")] for m, rs in models(data).items()}
+    finals = {m: rs for m, rs in finals.items() if rs}
+    masks = sorted({mask_sigma(k)[0] for rs in finals.values() for r in rs for k in r["final"]["sens_at"]})
+    if finals and max(len(r["final"]["sens_at"]) for rs in finals.values() for r in rs) > len(masks):  # Fig. 17
+        fig, axes = plt.subplots(1, len(masks), figsize=(5 * len(masks), 4), squeeze=False)
+        for ax, mask in zip(axes[0], masks):
+            for name, records in finals.items():
+                rows = [{mask_sigma(k)[1]: v["sens"] for k, v in r["final"]["sens_at"].items()
+                         if mask_sigma(k)[0] == mask} for r in records]
+                sigmas = sorted(set.intersection(*(set(r) for r in rows)))
+                ys = torch.tensor([[r[s] for s in sigmas] for r in rows])
+                line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({len(rows)} seeds)")
+                if len(rows) > 1:
+                    ax.fill_between(sigmas, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
+            ax.set_xscale("log")
+            ax.set_xlabel("sigma (noise std on normalised pixels)")
+            ax.set_ylabel("sensitivity")
+            ax.set_title(f"{mask} mask (band: range over seeds)", fontsize=9)
+            ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sigma_sweep.png"))
+    maps = {run: r["final"]["sens_map"] for run, r in data["runs"].items() if r["final"].get("sens_map")}
+    if maps:
+        fig, axes = plt.subplots(1, len(maps), figsize=(2.6 * len(maps), 2.8), squeeze=False)
+        for ax, (run, m) in zip(axes[0], maps.items()):
+            im = ax.imshow(m, cmap="viridis")
+            ax.set_title(run, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_maps.png"))
+    if data.get("data_scale"):
+        paths.append(draw_data_scale(data["data_scale"], folder, plt))
+    return paths
+
+
+def draw_data_scale(data_scale, folder, plt):
+    """Paired differences against the reference ViT at each number of training images."""
+    def error_bar(d):  # s.e. over seeds; with one seed, that seed's s.e. over images
+        se = d["stderr"]
+        if (se is None or se != se) and len(d.get("per_seed", {})) == 1:
+            se = next(iter(d["per_seed"].values()))[1]
+        return 0 if se is None or se != se else se
+
+    scale = {int(n): p for n, p in data_scale.items() if p}
+    ref = next(iter(scale.values()))["reference"]
+    sizes = Counter(k for p in scale.values() for k in {k for m in p["models"].values() for k in m["diff"]})
+    keys = sorted(k for k, c in sizes.items() if c > 1 or len(scale) == 1)  # a curve needs two sizes
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for name in dict.fromkeys(m for p in scale.values() for m in p["models"]):
+            pts = [(n, p["models"][name]["diff"][key]) for n, p in sorted(scale.items())
+                   if name in p["models"] and key in p["models"][name]["diff"]]
+            ax.errorbar([n for n, _ in pts], [d["mean"] for _, d in pts],
+                        yerr=[error_bar(d) for _, d in pts], fmt="o-", capsize=3, label=f"{name} - {ref}")
+        ax.axhline(0, color="gray", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("training images")
+        ax.set_ylabel("paired sensitivity difference (mean +- s.e.)")
+        ax.set_title(key, fontsize=9)
+        ax.legend(fontsize=7)
+    return save_figure(fig, f"{folder}/data_scale.png")
+
+
+def draw_language(data, folder, plt):
+    """Sensitivity and accuracies through training (mean over seeds, +-1 std band), and the per-position profiles of
+    the final models in each alignment measured, with how many of the measured pairs reach each position."""
+    groups = {m: [r for r in rs if r["history"]] for m, rs in models(data).items()}
+    groups = {m: rs for m, rs in groups.items() if rs}
+    if not groups:
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for name, runs in groups.items():
+        hists = [r["history"] for r in runs]
+        plot_curves(axes[0], hists, "examples", "sens", f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        plot_curves(axes[1], hists, "examples", "train_acc", name)
+        plot_curves(axes[2], hists, "examples", "test_acc", name)
+    for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test (GLUE validation) accuracy"]):
+        ax.set_title(t)
+        ax.set_xlabel("training examples seen")
+        ax.legend(fontsize=7)
+    paths = [save_figure(fig, f"{folder}/sensitivity.png")]
+    done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
+    aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
+    if aligns:  # Fig. 7 right: the per-position profile of the final models, mean over seeds
+        fig, axes = plt.subplots(1, len(aligns), figsize=(7 * len(aligns), 4), squeeze=False)
+        for ax, align in zip(axes[0], aligns):
+            for name, finals in done.items():
+                profs = [f["profiles"][align] for f in finals if align in f["profiles"]]
+                if not profs:
+                    continue
+                prof = torch.tensor([[math.nan if v is None else v for v in p["sens"]] for p in profs]).nanmean(0)
+                pairs = torch.tensor(profs[0]["pairs"])
+                pos = torch.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
+                keep = pairs >= pairs.max() / 4  # drop the rare long tail: positions under a quarter of the pairs reach
+                ax.plot(pos[keep], prof[keep], label=f"{name} ({len(profs)} seeds)")
+            twin = ax.twinx()
+            twin.plot(pos, pairs, color="gray", linewidth=0.8, linestyle=":")
+            twin.set_ylabel("pairs reaching the position (dotted)", color="gray")
+            ax.set_xlabel("position counted from the last token (0)" if align == "right" else "position from <s> (0)")
+            ax.set_ylabel("sensitivity at that position")
+            ax.set_title(f"{align}-aligned", fontsize=9)
+            ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_by_position.png"))
+    return paths
+
+
+def draw_robustness(data, folder, plt):
+    """Fig. 9: accuracy per corruption (mean over severities and seeds) per model, its sensitivity in the legend;
+    sensitivity against mean corruption accuracy (one point per model and seed, and the mean +- s.e. over seeds);
+    sensitivity through training."""
+    groups = robustness_groups(data)
+    if not groups:
+        return []
+    names = list(next(iter(groups.values()))[0]["corruption_acc"])
+    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(names)), 4))
+    width = 0.8 / len(groups)
+    for i, (label, finals) in enumerate(groups.items()):
+        means = [np.mean([np.mean(list(f["corruption_acc"][c].values())) for f in finals]) for c in names]
+        sens = np.mean([f["sens"] for f in finals])
+        ax.bar(np.arange(len(names)) + i * width, means, width, label=f"{label} (sens {sens:.4f}, {len(finals)} seeds)")
+    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, [n.replace("_", "\n") for n in names], fontsize=7)
+    ax.set_ylabel("test accuracy (mean over severities)")
+    ax.legend(fontsize=7)
+    paths = [save_figure(fig, f"{folder}/corruptions.png")]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for i, (label, finals) in enumerate(groups.items()):
+        s = np.array([f["sens"] for f in finals])
+        a = np.array([f["mean_corruption_acc"] for f in finals], dtype=float)
+        ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
+        se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
+        ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
+                    label=f"{label} ({len(finals)} seeds)")
+    ax.set_xlabel("sensitivity (train subset)")
+    ax.set_ylabel("mean corruption accuracy (15 standard)")
+    ax.legend(fontsize=7)
+    paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
+    hists = {label: [r["history"] for r in models(data)[label] if r["history"]] for label in groups}
+    if any(hists.values()):
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for label, h in hists.items():
+            if h:
+                plot_curves(ax, h, "epoch", "sens", label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("sensitivity")
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
+    return paths
+
+
+def draw_grokking(data, folder, plt):
+    """Accuracy, loss, sensitivity (token-wise and joint) and weight norm over epochs, with each run's phases."""
+    hists = [r["history"] for r in data["runs"].values() if r["history"]]
+    if not hists:
+        return []
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+    panels = [("accuracy", [("train_acc", "train"), ("test_acc", "test")]),
+              ("loss", [("train_loss", "train"), ("test_loss", "test")]),
+              ("sensitivity (train set)", [("sens", "token-wise"), ("sens_joint", "joint (a and b)")]),
+              ("total weight norm", [("weight_norm", "|w|")])]
+    for ax, (title, keys) in zip(axes, panels):
+        for key, label in keys:
+            plot_curves(ax, hists, "epoch", key, label)
+        for h in hists:  # the phase boundaries found from each run
+            memorised, grokked = phases(h)
+            if memorised is not None:
+                ax.axvline(memorised, color="gray", linestyle=":", linewidth=1)
+            if grokked is not None:
+                ax.axvline(grokked, color="black", linestyle="--", linewidth=1)
+        ax.set_xscale("symlog", linthresh=100)  # linear to 100, then logarithmic
+        ax.set_xlim(left=0)
+        ax.set_xlabel("epoch")
+        ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    return [save_figure(fig, f"{folder}/grokking.png")]
+
+
+def draw_parity(data, folder, plt):
+    """Accuracies and Boolean sensitivity (all bits, and the k relevant ones) over training, one column per run."""
+    runs = {run: r for run, r in data["runs"].items() if r["history"]}
+    if not runs:
+        return []
+    k = data.get("args", {}).get("k")
+    fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), squeeze=False, sharex=True)
+    for j, (run, r) in enumerate(runs.items()):
+        ax = axes[0, j]
+        plot_curves(ax, [r["history"]], "step", "train_acc", "train")
+        plot_curves(ax, [r["history"]], "step", "test_acc", "test")
+        ax.set_title(run, fontsize=9)
+        ax.set_ylabel("accuracy")
+        ax.legend(fontsize=7)
+        ax = axes[1, j]
+        plot_curves(ax, [r["history"]], "step", "sens_count", "sensitivity (count)")
+        plot_curves(ax, [r["history"]], "step", "sens_relevant", "on the k relevant bits")
+        if k is not None:
+            ax.axhline(k, color="gray", linestyle=":", label=f"k = {k}")
+        ax.set_ylabel("Boolean sensitivity")
+        ax.set_xlabel("Adam step")
+        ax.legend(fontsize=7)
+    return [save_figure(fig, f"{folder}/parity.png")]
+
+
+def draw(data, folder):
+    """Every figure of a run (or of merged runs) into `folder`, from its metrics.json alone; returns the paths."""
+    script = data.get("script")
+    if script not in SCRIPTS:
+        raise ValueError(f"{folder}: metrics.json names no script of this repository ('script': {script!r})")
+    fn = {"synthetic": draw_synthetic, "vision": draw_vision, "language": draw_language, "robustness":
+          draw_robustness, "grokking": draw_grokking, "parity": draw_parity}.get(script)
+    return fn(data, folder, pyplot()) if fn else []
+
+
+# -----------------------------------------------------------------------------
+# the command line
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folders", nargs="+", help="run folders (or their metrics.json) of one script")
+    p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
+    p.add_argument("--run-name", type=str, default="combined", help="the merged run's folder name")
+    args = p.parse_args(argv)
+    for f in args.folders:
+        if not os.path.exists(f):
+            p.error(f"{f}: no such run folder or metrics.json")
+    return args
+
+
+def main(args):
+    if len(args.folders) == 1:  # redraw in place
+        folder = args.folders[0]
+        folder = os.path.dirname(folder) if os.path.isfile(folder) else folder
+        data = load_results(folder)
+        summary(data)
+        paths = draw(data, folder)
+        print("wrote", *paths) if paths else print(f"{folder}: nothing to draw yet")
+        return data
+    data = merge(args.folders)
+    if data["script"] == "robustness":
+        data["summary"] = robustness_summary(data)
+    else:
+        summary(data)
+    folder = new_run_dir(data["script"], args.run_name, args.out_dir)  # the sources are never written to
+    write_json(os.path.join(folder, "metrics.json"), data)
+    print("wrote", os.path.join(folder, "metrics.json"), *draw(data, folder))
+    return data
+
+
+if __name__ == "__main__":
+    cli(main, parse_args)

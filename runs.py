@@ -1,0 +1,563 @@
+"""The run plumbing every experiment script shares; nothing here is needed to understand an experiment.
+
+- the flags every run has (`add_run_flags`: --device --threads --out-dir --run-name --save-every --resume), the
+  argparse types that check a value where its flag is defined, and `parse`, which makes --resume go through the
+  script's own parser (the saved arguments become its defaults, so a flag added since gets its default);
+- `cli`: expected failures as one line on stderr and an exit code instead of a traceback;
+- `setup`: threads, device and torchrun; `ranks` and `all_sum` for the few places that shard work by hand;
+- `Results`: the run folder's metrics.json (written atomically after every change), checkpoint.pt and the resume of
+  an interrupted run, and the divergence rule.
+"""
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+# -----------------------------------------------------------------------------
+# flags
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit code 2) instead of the whole usage text before it, and no abbreviated
+    flags (else a prefix of a flag, say --see, would silently mean the whole one, --seeds)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        message = re.sub(r"^argument (--[\w-]+)(/\S+)?: must", r"\1 must", message)  # '--lr must be ...'
+        message = re.sub(r"^argument (--[\w-]+)(/\S+)?: ", r"\1: ", message)
+        self.exit(2, f"{self.prog}: {message} (--help lists the flags)\n")
+
+
+def checked(convert, ok, what):
+    """An argparse type: convert(text), refused with 'must be <what>, got <text>' unless ok(value)."""
+    def check(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    check.__name__ = what  # argparse names the type in some messages
+    return check
+
+
+positive_int = checked(int, lambda v: v >= 1, ">= 1")
+nonnegative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
+seed = checked(int, lambda v: 0 <= v < 2**63, "a seed in [0, 2^63)")  # torch.manual_seed wraps larger ones silently
+positive_float = checked(float, lambda v: 0 < v < math.inf, "a finite number > 0")
+nonnegative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+fraction = checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def one_of(names, what):
+    """An argparse type for a name from a list: 'unknown model 'vgg'; choose from ...'."""
+    def check(text):
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose from {', '.join(names)}")
+        return text
+
+    return check
+
+
+def add_run_flags(p, *, unit, default_name, device="auto"):
+    """The `run` group every script has; `unit` is the loop unit of --save-every (epochs or steps)."""
+    g = p.add_argument_group("run")
+    g.add_argument("--device", type=str, default=device, help="auto | cpu | cuda | cuda:<index>")
+    g.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads of this process (0: one, see "
+                   "set_threads)")
+    g.add_argument("--out-dir", type=str, default="out", help="results go to <out-dir>/<script>/<run-name>/")
+    g.add_argument("--run-name", type=run_name, default=None, help=f"default: {default_name}")
+    g.add_argument("--save-every", type=nonnegative_int, default=0, help=f"write the training state to "
+                   f"<run>/checkpoint.pt every this many {unit} (0: only when the run is stopped)")
+    g.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
+                   "checkpoint.pt, with the flags it was started with (only --threads and --device may be given)")
+    return g
+
+
+def run_name(text):
+    """A run name is one folder inside --out-dir/<script>/: no path separators, not '.' or '..'."""
+    if not text or "/" in text or os.sep in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"must be a plain folder name, got {text!r}")
+    return text
+
+
+RESUME_FLAGS = {"--resume", "--threads", "--device"}
+
+
+def parse(p, script, argv=None):
+    """p.parse_args(argv); with --resume FOLDER, parsed again with that run's saved arguments as the defaults, so a
+    flag the script gained since the run started takes its default. Other flags than --threads and --device are
+    refused beside --resume: the run continues with the flags it was started with."""
+    args = p.parse_args(argv)
+    if not args.resume:
+        return args
+    argv = sys.argv[1:] if argv is None else argv
+    extra = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0] not in RESUME_FLAGS]
+    if extra:
+        p.error(f"--resume continues a run with the flags it was started with; only --threads and --device may be "
+                f"given beside it, not {' '.join(extra)}")
+    if not os.path.isfile(os.path.join(args.resume, "metrics.json")):
+        p.error(f"--resume {args.resume}: no metrics.json there to continue")
+    try:
+        saved = load_results(args.resume, script)["args"]
+    except (ValueError, KeyError) as e:
+        p.error(f"--resume {args.resume}: {e}")
+    known = vars(args)
+    p.set_defaults(**{k: v for k, v in saved.items() if k in known and k not in {"resume", "threads", "device"}})
+    return p.parse_args(argv)
+
+
+def subset_size(flag, n, available, what):
+    """n, or all `available` when n is None; a ValueError naming the flag when n asks for more than there are."""
+    if n is None:
+        return available
+    if n > available:
+        raise ValueError(f"{flag} {n} asks for more than the {available} {what}")
+    return n
+
+
+# -----------------------------------------------------------------------------
+# the front door: one-line errors and exit codes
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, timeout, a cluster's preemption), handled as Ctrl-C is: metrics and checkpoint kept."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def cli(main, parse_args, argv=None):
+    """Run a script's main as a command. Expected failures become one line on stderr and an exit code instead of a
+    traceback (TRACEBACK=1 in the environment shows it): bad input, a missing or corrupt file, no CUDA (2); a
+    diverged run, whose metrics.json says so (3); Ctrl-C (130) or SIGTERM (143), after which metrics.json keeps what
+    was measured and says "interrupted": true, and checkpoint.pt holds what --resume continues from. Under torchrun the
+    process group is left at the end, and rank 0 alone reports a divergence or an interruption."""
+    script = os.path.basename(sys.modules[main.__module__].__file__)
+    code, message = 0, None
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        data = main(parse_args(argv))
+        diverged = [run for run, r in (data or {}).get("runs", {}).items() if r.get("diverged")]
+        if diverged:
+            code, message = 3, f"{len(diverged)} run(s) diverged ({', '.join(diverged)}); metrics.json marks them"
+    except KeyboardInterrupt as e:
+        code = 143 if isinstance(e, Terminated) else 130
+        message = ("terminated (SIGTERM)" if code == 143 else "interrupted") + (
+            f"; {e.args[0]} keeps every evaluation so far, and the folder's checkpoint.pt what --resume continues "
+            "from" if e.args else "")
+    except torch.OutOfMemoryError:
+        code, message = 2, "out of memory; lower --batch-size (or the estimator's chunk)"
+    except (ValueError, OSError, EOFError) as e:
+        if os.environ.get("TRACEBACK"):  # a developer's bug can raise these too: TRACEBACK=1 shows where
+            raise
+        if isinstance(e, OSError) and e.filename is not None and e.strerror:
+            e = f"{e.strerror}: {e.filename}"
+        print(f"{script}: {e}", file=sys.stderr)  # every rank: the error may be its own
+        code = 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        rank = ranks()[0]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if message and rank == 0:
+        print(f"{script}: {message}", file=sys.stderr)
+    if code:
+        sys.exit(code)
+
+
+# -----------------------------------------------------------------------------
+# threads, device, torchrun
+
+
+def set_threads(n):
+    """torch's intra-op threads for this process; n = 0 means the default policy. The scripts' small matrices make
+    torch's threads spin against any other load on the machine (bench.py's shared_cpu_slowdown measures it), so the
+    default is one thread per process: run seeds side by side as separate processes to use more cores."""
+    if n < 0:
+        raise ValueError(f"--threads must be >= 0 (0: the default policy), got {n}")
+    if n > 4 * (os.cpu_count() or 1):  # far more threads than cores only slows down (and can crash) a process
+        raise ValueError(f"--threads {n} is more than 4x the {os.cpu_count()} cores of this machine")
+    torch.set_num_threads(n or 1)
+    return torch.get_num_threads()
+
+
+def get_device(name="auto"):
+    """'auto' -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} was asked for, but no CUDA device is available (try --device cpu)")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:<index>") from None
+
+
+def setup(args):
+    """What every script's main does first: the thread policy (--threads), then the device (--device). Under torchrun
+    (several processes) it also joins the process group: nccl with one GPU per process (LOCAL_RANK) on CUDA, gloo on
+    a CPU; the other ranks' stdout is silenced, so that rank 0 alone prints."""
+    set_threads(args.threads)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+        if cuda:  # one GPU per process; never set on a CPU run (gloo has no device to set)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+        if torch.distributed.get_rank() > 0:
+            sys.stdout = open(os.devnull, "w")
+        if cuda:
+            return torch.device("cuda", torch.cuda.current_device())
+    return get_device(args.device)
+
+
+def ranks():
+    """(rank, number of processes): (0, 1) outside torchrun."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def all_sum(*values):
+    """The sums over ranks of some numbers (floats); themselves outside torchrun."""
+    rank, world = ranks()
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(t)
+    return tuple(t.tolist())
+
+
+def for_training(model, device, *, compile_model=False):
+    """The module training runs through: under torchrun wrapped in DDP (BatchNorm synchronised on GPUs: PyTorch's
+    SyncBatchNorm runs on GPUs only, so on a CPU each rank keeps its own batch statistics), and/or compiled."""
+    if ranks()[1] > 1:
+        if device.type == "cuda":
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    return torch.compile(model) if compile_model else model
+
+
+
+def seed_all(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# -----------------------------------------------------------------------------
+# files: strict JSON written atomically, run folders
+
+
+def strict_json(obj):
+    """obj with every non-finite float replaced by None, so that the file is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def write_json(path, obj, replace=True):
+    """Write obj as strict JSON (NaN and inf as null) atomically: a temp file in the same folder, then rename, so a
+    crash leaves the old file. The file gets the permissions of any other new file (0644 under the usual umask).
+    replace=False refuses to replace an existing file (FileExistsError)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(strict_json(obj), fh, indent=1, allow_nan=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists
+            os.unlink(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def corrupt_file(cls, root):
+    """(path, problem) of the first file of a torchvision dataset that is present but damaged, else None: a wrong
+    MD5 checksum (truncated or altered download), or an extracted MNIST-format file that cannot be parsed."""
+    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
+    from torchvision.datasets.utils import check_integrity
+
+    if hasattr(cls, "resources"):  # MNIST, Fashion-MNIST: raw/<file>.gz and the extracted raw/<file>
+        raw = os.path.join(root, cls.__name__, "raw")
+        checks = [(os.path.join(raw, f), md5) for f, md5 in cls.resources]
+        for gz, _ in checks:
+            plain = gz[:-3]
+            if os.path.exists(plain):
+                try:
+                    read_sn3_pascalvincent_tensor(plain)
+                except Exception as e:
+                    return plain, "not a complete IDX file" + (f" ({e})" if str(e) else "")
+    elif hasattr(cls, "split_list"):  # SVHN
+        checks = [(os.path.join(root, f), md5) for _, f, md5 in cls.split_list.values()]
+    else:  # CIFAR-10
+        folder = os.path.join(root, cls.base_folder)
+        checks = [(os.path.join(root, cls.filename), cls.tgz_md5)]
+        checks += [(os.path.join(folder, f), md5) for f, md5 in cls.train_list + cls.test_list]
+    for path, md5 in checks:
+        if os.path.exists(path) and not check_integrity(path, md5):
+            return path, "its MD5 checksum is not the published one (a truncated or altered file)"
+    return None
+
+
+def load_results(path, script=None):
+    """Read a metrics.json (or the folder holding it); a missing or corrupt file, or one written by another script
+    than `script`, is a ValueError that says so."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.json")
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"no results file at {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a valid metrics.json ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+        raise ValueError(f"{path} is not a metrics.json written by this repository (no 'runs' mapping)")
+    if script is not None and data.get("script", script) != script:
+        raise ValueError(f"{path} was written by {data['script']}.py, not {script}.py")
+    return data
+
+
+def new_run_dir(script, run_name, out_dir="out"):
+    """out/<script>/<run_name>/, made fresh: an existing folder is never reused, a -2, -3, ... suffix is added."""
+    base = os.path.join(out_dir, script, run_name)
+    path, k = base, 1
+    while True:
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            k += 1
+            path = f"{base}-{k}"
+
+
+def environment(device):
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"torch": torch.__version__, "device": name, "threads": torch.get_num_threads(), "git_commit": commit}
+
+
+class Run(NamedTuple):
+    """One trained model of a run: metrics.json keys it as '<model>/seed<k>' and keeps both as fields beside its
+    history and final numbers. `model` is the script's label (with its variant: 'vit', 'roberta-relu', 'vit-reg')."""
+    model: str
+    seed: int
+
+    def __str__(self):
+        return f"{self.model}/seed{self.seed}"
+
+
+# -----------------------------------------------------------------------------
+# the state of a training run, for --resume
+
+
+def rng_state(generators=()):
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "generators": [g.get_state() for g in generators]}
+
+
+def set_rng_state(state, generators=()):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s)
+
+
+def snapshot(step, model, opt, generators=(), **extra):
+    """A copy of the training state after `step` steps of the loop (its own unit): model, optimizer, every random
+    generator that training draws from (Python, NumPy, torch's, CUDA's and the given ones), and `extra` tensors."""
+    return {"step": step, "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(opt.state_dict()), "rng": rng_state(generators), **extra}
+
+
+def restore(snap, model, opt, generators=()):
+    """Put a snapshot back: training then continues exactly as the interrupted run would have."""
+    model.load_state_dict(snap["model"])
+    opt.load_state_dict(snap["optimizer"])
+    set_rng_state(snap["rng"], generators)
+    return snap["step"]
+
+
+DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
+
+
+def start_run(script, args, default_name, device):
+    """A fresh out/<script>/<run> folder and its Results, after the data are in place (so a missing dataset leaves no
+    empty run folder); with --resume, the run folder given, its metrics and checkpoint. Under torchrun rank 0 alone
+    creates the folder and writes in it, and every rank gets its path."""
+    rank, world = ranks()
+    folder = None
+    if rank == 0:
+        folder = args.resume or new_run_dir(script, args.run_name or default_name, args.out_dir)
+    if world > 1:
+        box = [folder]
+        torch.distributed.broadcast_object_list(box, src=0)
+        folder = box[0]
+    results = Results(folder, script, vars(args), device, write=rank == 0, resume=bool(args.resume))
+    threads = torch.get_num_threads()
+    point = results.resume_point
+    what = f"writing {folder}" if not args.resume else f"resuming {folder} " + (
+        f"from {point[0]}'s checkpoint at {point[1]['step']}" if point else "(no checkpoint: unfinished runs restart)")
+    print(f"{what} | device {device} | {threads} thread"
+          f"{'s' if threads > 1 else ''}" + (f" | {world} processes" if world > 1 else ""))
+    return folder, results
+
+
+class Results:
+    """The metrics.json every script writes, saved atomically after every change so Ctrl-C loses nothing:
+    {"script": ..., "args": {...}, "env": {...}, "runs": {"<model>/seed<k>": {"history": [{...}], "final": {...}}}}
+    A run whose loss became non-finite holds "diverged": {"step": ..., "loss": null}; an interrupted invocation
+    holds "interrupted": true. Beside it, checkpoint.pt holds the latest training state (see checkpoint()).
+    write=False (torchrun ranks other than 0) keeps everything in memory only; resume=True reads the folder's
+    metrics.json and checkpoint.pt and continues them."""
+
+    def __init__(self, run_dir, script, args, device, write=True, resume=False):
+        self.folder, self.write = run_dir, write
+        self.path = os.path.join(run_dir, "metrics.json")
+        self.first_loss = {}  # run -> its first logged training loss, for diverged()
+        self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
+        self.resume_point = None
+        if resume:
+            self.data = load_results(self.path, script)
+            self.data.pop("interrupted", None)
+            self.data["args"] = dict(args)  # the flags it goes on with: the saved ones and the defaults of new flags
+            self.data.setdefault("resumed", []).append(environment(device))
+            ckpt = os.path.join(run_dir, "checkpoint.pt")
+            if os.path.exists(ckpt):
+                try:
+                    saved = torch.load(ckpt, map_location=device, weights_only=False)
+                    self.resume_point = saved["run"], saved["state"]
+                except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as e:
+                    raise ValueError(f"{ckpt} is not a readable checkpoint ({e})") from None
+        else:
+            self.data = {"script": script, "args": dict(args), "env": environment(device), "runs": {}}
+        self.save()
+
+    def _run(self, run):
+        fields = run._asdict() if isinstance(run, Run) else {}
+        return self.data["runs"].setdefault(str(run), {**fields, "history": [], "final": {}})
+
+    def log(self, run, row):
+        self._run(run)["history"].append(row)
+        self.save()
+
+    def final(self, run, values):
+        self._run(run)["final"].update(values)
+        self.save()
+
+    def finished(self, run, key=None):
+        """Whether a resumed run already has its final numbers (final[key] when given) or diverged: it is not trained
+        again."""
+        r = self.data["runs"].get(str(run), {})
+        return bool(r.get("diverged") or (key in r.get("final", {}) if key else r.get("final")))
+
+    def resume(self, run, key):
+        """The checkpoint's snapshot if it belongs to `run` (else None, and the run starts afresh). The run's history
+        rows from that step on (`key`: the history's loop unit) are dropped: they are measured again."""
+        if self.resume_point is None or self.resume_point[0] != str(run):
+            self._run(run)["history"] = []
+            return None
+        snap = self.resume_point[1]
+        history = self._run(run)["history"] = [h for h in self._run(run)["history"] if h[key] < snap["step"]]
+        if history:  # the divergence limit keeps referring to the run's first loss
+            self.first_loss[str(run)] = history[0]["train_loss"]
+        print(f"{run}: resumed after {key} {snap['step']}")
+        return snap
+
+    def checkpoint(self, run, step, evaluating, save_every, model, opt, generators=(), **extra):
+        """Called at the top of every step of a training loop: at an evaluation, or every save_every steps, keep a
+        snapshot of the state after `step` steps as the latest (Ctrl-C inside recording() writes it), and every
+        save_every steps also write it to checkpoint.pt now (atomically: a temp file, renamed)."""
+        saving = bool(save_every) and step % save_every == 0
+        if evaluating or saving:
+            self.latest = (str(run), snapshot(step, model, opt, generators, **extra))
+        if saving:
+            self.write_checkpoint()
+
+    def write_checkpoint(self):
+        if self.latest is None or not self.write:
+            return
+        path = os.path.join(self.folder, "checkpoint.pt")
+        try:
+            torch.save({"run": self.latest[0], "state": self.latest[1]}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        except (OSError, RuntimeError) as e:  # a full disk or a file-size cap: say which file, leave no .tmp
+            if os.path.exists(path + ".tmp"):
+                os.unlink(path + ".tmp")
+            raise OSError(f"could not write the checkpoint {path} ({e})") from None
+
+    def diverged(self, run, step, loss, unit="step"):
+        """Whether the training `loss` (a float) shows the run diverged: non-finite, or above DIVERGED_FACTOR times
+        its first value in this run (the loss at initialisation; at least 1), which a bounded model such as an LSTM
+        reaches instead of inf. If so the run is marked diverged at `step` in metrics.json and one line says so.
+        Training loops call this at every logged step and after the last one, before measuring anything, so that no
+        sensitivity is ever reported for a diverged model."""
+        first = self.first_loss.setdefault(str(run), loss)
+        limit = DIVERGED_FACTOR * max(first, 1.0) if math.isfinite(first) else math.inf
+        if math.isfinite(loss) and loss <= limit:
+            return False
+        self._run(run)["diverged"] = {"step": step, "loss": loss}
+        self.save()
+        why = "not finite" if not math.isfinite(loss) else f"over {DIVERGED_FACTOR}x the initial {first:.3g}"
+        if self.write:
+            print(f"{run} diverged at {unit} {step} (training loss {loss:.4g}: {why}): stopped, no sensitivity "
+                  "reported; lower --lr", file=sys.stderr)
+        return True
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Ctrl-C or SIGTERM inside marks metrics.json "interrupted": true and writes the latest training state to
+        checkpoint.pt before it propagates (cli() then exits 130 or 143); `--resume <folder>` continues from there."""
+        try:
+            yield self
+        except KeyboardInterrupt as e:
+            self.data["interrupted"] = True
+            self.save()
+            self.write_checkpoint()
+            raise type(e)(self.path) from None
+
+    def save(self):
+        if self.write:
+            write_json(self.path, self.data)
