@@ -3,9 +3,16 @@ cli(), --resume through the parser, and report.py's redraw and merge of run fold
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
+import torch
 
+import report
+import synthetic
+import vision
 from runs import Results, cli, load_results, new_run_dir, write_json
 
 
@@ -93,3 +100,110 @@ def test_cli_exit_codes(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
     assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
+
+
+# -----------------------------------------------------------------------------
+# --resume through the script's parser
+
+
+def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch, capsys):
+    """A run folder whose saved arguments lack a flag (it was added to the script later) resumes with that flag's
+    default, and says from which step; any flag other than --threads and --device beside --resume is refused."""
+    argv = ["--case", "sparse-lower", "--seeds", "0", "--steps", "6", "--eval-every", "2", "--n-train", "100",
+            "--n-test", "20", "--n-sens", "10", "--out-dir", str(tmp_path), "--run-name", "r"]
+    real, calls = torch.Tensor.backward, []
+
+    def ctrl_c_on_fourth_step(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_fourth_step)
+    with pytest.raises(SystemExit) as e:
+        cli(synthetic.main, synthetic.parse_args, argv)
+    assert e.value.code == 130
+    monkeypatch.undo()
+    folder = tmp_path / "synthetic" / "r"
+    data = json.loads((folder / "metrics.json").read_text())
+    del data["args"]["reps"]  # as if --reps had been added to synthetic.py after this run was written
+    (folder / "metrics.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    resumed = synthetic.main(synthetic.parse_args(["--resume", str(folder), "--threads", "1"]))
+    assert "from sparse-lower/seed0's checkpoint at 2" in capsys.readouterr().out
+    assert resumed["args"]["reps"] == 2 and resumed["args"]["steps"] == 6  # the new flag's default, the saved flags
+    assert [h["step"] for h in resumed["runs"]["sparse-lower/seed0"]["history"]] == [0, 2, 4, 6]
+    with pytest.raises(SystemExit):
+        synthetic.parse_args(["--resume", str(folder), "--steps", "9"])
+    assert "only --threads and --device may be given beside it, not --steps" in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# report.py: redraw one folder, merge several
+
+
+def vision_run(tmp_path, name, *extra):
+    argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--n-train", "60", "--n-test", "20",
+            "--n-sens", "6", "--batch-size", "30", "--sigma", "0.3", "3", "--depth", "1", "--heads", "2", "--dim", "16",
+            "--dim-head", "8", "--mlp-dim", "16", "--mlp-hidden", "16", "--out-dir", str(tmp_path), "--run-name", name]
+    vision.main(vision.parse_args(argv + list(extra)))
+    return str(tmp_path / "vision" / name)
+
+
+@pytest.mark.slow
+def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
+    """Two vision.py folders of one seed each merge into a new folder whose paired differences have both seeds (the
+    same numbers as one run of both seeds); folders of two --n-train sizes merge into a data-scale study; the
+    sources are never written to."""
+    a, b = vision_run(tmp_path, "s0", "--seeds", "0"), vision_run(tmp_path, "s1", "--seeds", "1")
+    both = vision_run(tmp_path, "both", "--seeds", "0", "1")
+    before = os.path.getmtime(os.path.join(a, "metrics.json"))
+    merged = report.main(report.parse_args([a, b, "--out-dir", str(tmp_path), "--run-name", "m"]))
+    whole = load_results(both)
+    d, w = merged["paired"]["models"]["mlp"]["diff"]["patch:3"], whole["paired"]["models"]["mlp"]["diff"]["patch:3"]
+    assert d["seeds"] == 2 and d == w and merged["runs"].keys() == whole["runs"].keys()
+    out = tmp_path / "vision" / "m"
+    assert load_results(str(out))["sources"] == [a, b] and (out / "sigma_sweep.png").stat().st_size > 5000
+    assert os.path.getmtime(os.path.join(a, "metrics.json")) == before
+    assert "mlp - vit | patch:0.3" in capsys.readouterr().out
+    small = vision_run(tmp_path, "n30", "--seeds", "0", "--n-train", "30")
+    scale = report.main(report.parse_args([a, small, "--out-dir", str(tmp_path), "--run-name", "scale"]))
+    assert set(scale["data_scale"]) == {"30", "60"} and not scale["runs"]
+    at = {n: scale["data_scale"][n]["models"]["mlp"]["diff"]["patch:3"]["per_seed"] for n in ["30", "60"]}
+    assert at["60"] == {"seed0": d["per_seed"]["seed0"]} and at["30"].keys() == {"seed0"}
+    assert (tmp_path / "vision" / "scale" / "data_scale.png").stat().st_size > 5000
+
+
+def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
+    """A run in two folders, folders of two scripts, a metrics.json without runs, or one naming no script of this
+    repository: each a ValueError naming the problem, nothing drawn."""
+    def folder(name, data):
+        (tmp_path / name).mkdir()
+        write_json(str(tmp_path / name / "metrics.json"), data)
+        return str(tmp_path / name)
+
+    run = {"model": "vit", "seed": 0, "history": [], "final": {}}
+    a = folder("a", {"script": "vision", "runs": {"vit/seed0": run}})
+    b = folder("b", {"script": "vision", "runs": {"vit/seed0": run}})
+    c = folder("c", {"script": "grokking", "runs": {}})
+    with pytest.raises(ValueError, match="vit/seed0 is in more than one of the folders"):
+        report.merge([a, b])
+    with pytest.raises(ValueError, match="written by different scripts"):
+        report.merge([a, c])
+    with pytest.raises(ValueError, match="no 'runs' mapping"):
+        load_results(folder("d", {"script": "vision", "runs": [1, 2]}))
+    with pytest.raises(ValueError, match="names no script of this repository"):
+        report.draw({"runs": {}}, str(tmp_path))
+
+
+def test_the_readme_snippet_runs_from_another_folder(tmp_path):
+    """The README's "measure your own model" code, saved as a file in another folder and run as it says (this
+    repository on PYTHONPATH), prints a sensitivity with its standard error."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    code = readme.split("## Measure your own model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mine.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"sensitivity 0\.\d{4} \+- 0\.\d{4}\n", out.stdout), out.stdout
