@@ -31,7 +31,7 @@ def gaussian(sigma):
     if not 0 <= sigma < math.inf:  # also rejects NaN
         raise ValueError(f"sigma must be a finite standard deviation >= 0, got {sigma}")
 
-    def perturb(tokens, generator):
+    def perturb(tokens, generator):  # tokens (M, D): the one token of each of M copies
         noise = torch.randn(tokens.shape, generator=generator, device=tokens.device, dtype=tokens.dtype)
         return tokens + sigma * noise
 
@@ -44,8 +44,8 @@ def replace(vocab):
         raise ValueError(f"vocab must be a non-empty (V, D) tensor, got shape {tuple(vocab.shape)}")
 
     def perturb(tokens, generator):
-        i = torch.randint(len(vocab), (len(tokens),), generator=generator, device=vocab.device)
-        return vocab[i].to(tokens.device, tokens.dtype)
+        i = torch.randint(len(vocab), (len(tokens),), generator=generator, device=vocab.device)  # one row per copy
+        return vocab[i].to(tokens.device, tokens.dtype)  # possibly the token itself: a replacement that changes nothing
 
     return perturb
 
@@ -151,7 +151,7 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     mask = mask.to(x.device, torch.bool)
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
-    if positions is not None and positions < 1:
+    if positions is not None and positions < 1:  # checked here, before any work: each with its own message
         raise ValueError(f"positions must be None (all) or >= 1, got {positions}")
     batch_size = default_batch_size(x) if batch_size is None else batch_size
     if batch_size < 1:
@@ -167,7 +167,7 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     if seed is None:
         seed = int(torch.randint(2**62, (1,)))
     gen = torch.Generator(x.device)
-    call = (lambda xb, n, t: f(xb, n, t)) if tell_position else (lambda xb, n, t: f(xb, n))
+    call = (lambda xb, n, t: f(xb, n, t)) if tell_position else (lambda xb, n, t: f(xb, n))  # f's two signatures
 
     with torch.inference_mode():
         # clean predictions, once, on every rank (each rank's chunks may use any input)
@@ -186,14 +186,14 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
             # valid positions first in each row, so the u-th valid position of row n is order[n, u]
             order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)  # (N, T)
             n_jobs = N * positions * reps
-        flips = torch.zeros(N * T, dtype=torch.long, device=x.device)
-        trials = torch.zeros(N * T, dtype=torch.long, device=x.device)
-        bad = torch.zeros((), dtype=torch.long, device=x.device)
+        flips = torch.zeros(N * T, dtype=torch.long, device=x.device)  # per (input, position): prediction changed
+        trials = torch.zeros(N * T, dtype=torch.long, device=x.device)  # per (input, position): copies evaluated
+        bad = torch.zeros((), dtype=torch.long, device=x.device)  # non-finite outputs, counted without a host sync
         buf = torch.empty(min(batch_size, n_jobs), T, D, dtype=x.dtype, device=x.device)  # reused by every chunk
         for c, start in enumerate(range(0, n_jobs, batch_size)):
-            if c % world != rank:
+            if c % world != rank:  # another rank's chunk
                 continue
-            gen.manual_seed(chunk_seed(seed, c))
+            gen.manual_seed(chunk_seed(seed, c))  # the chunk's noise depends on (seed, c) alone
             job = torch.arange(start, min(start + batch_size, n_jobs), device=x.device)
             if positions is None:
                 cell = flat_valid[job % len(flat_valid)]  # job -> (rep, valid cell)
@@ -211,8 +211,8 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
             flat.index_copy_(0, which, perturb(flat.index_select(0, which), gen))
             out = call(xb, n, t)
             bad += not_finite(out)
-            changed = predict(out, len(job)) != clean.index_select(0, n)
-            cell = n * T + t
+            changed = predict(out, len(job)) != clean.index_select(0, n)  # Eq. 2's indicator, per copy
+            cell = n * T + t  # where each copy's count goes
             flips.index_add_(0, cell, changed.long())
             trials.index_add_(0, cell, torch.ones_like(cell))
     if bad_clean or bad:  # host sync, after the loop
@@ -223,9 +223,9 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
 
 def summarise(flips, trials, evaluations):
     """Sensitivity from (N, T) flip and trial counts."""
-    flips, trials = flips.double().cpu(), trials.double().cpu()
+    flips, trials = flips.double().cpu(), trials.double().cpu()  # float64: exact counts, exact rates
     N = len(flips)
-    per_input = flips.sum(1) / trials.sum(1)
+    per_input = flips.sum(1) / trials.sum(1)  # each input's flip rate over its own (valid) positions
     per_position = flips.sum(0) / trials.sum(0)  # 0/0 = NaN where never valid
     stderr = per_input.std().item() / math.sqrt(N) if N > 1 else float("nan")
     return Sensitivity(per_input.mean().item(), stderr, per_position.float(), per_input.float(), evaluations)
@@ -240,8 +240,8 @@ def patchify(images, p):
     B, C, H, W = images.shape
     if p < 1 or H % p or W % p:
         raise ValueError(f"patch size {p} must divide the image height {H} and width {W}")
-    x = images.reshape(B, C, H // p, p, W // p, p)
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)
+    x = images.reshape(B, C, H // p, p, W // p, p)  # (B, C, grid row, pixel row, grid column, pixel column)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)  # patch-major, then C, p, p
 
 
 def unpatchify(tokens, p, image_shape):

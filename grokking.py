@@ -64,12 +64,12 @@ def parse_args(argv=None):
 
 def make_data(p, frac_train, seed):
     """tokens (p^2, 3) with '=' as token p, labels (p^2,), and a boolean train mask from its own generator."""
-    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")  # every pair: the whole task
     a, b = a.flatten(), b.flatten()
-    tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)
+    tokens = torch.stack([a, b, torch.full_like(a, p)], dim=1)  # (p^2, 3): "a b ="
     labels = (a + b) % p
     g = torch.Generator().manual_seed(seed)
-    train = torch.zeros(p * p, dtype=torch.bool)
+    train = torch.zeros(p * p, dtype=torch.bool)  # the rest of the pairs is the test set
     train[torch.randperm(p * p, generator=g)[: int(frac_train * p * p)]] = True
     return tokens, labels, train
 
@@ -129,11 +129,12 @@ def loss_fn(logits, labels):
 @torch.no_grad()
 def evaluate(model, tokens, labels, train):
     """Loss and accuracy on the training and test pairs, and the total weight norm."""
-    logits = model(tokens)
+    logits = model(tokens)  # every pair at once: p^2 is small
     row = {}
     for name, m in [("train", train), ("test", ~train)]:
         row[f"{name}_loss"] = loss_fn(logits[m], labels[m]).item()
         row[f"{name}_acc"] = (logits[m].argmax(1) == labels[m]).float().mean().item()
+    # the progress measure the paper compares with: it falls during the plateau too
     row["weight_norm"] = math.sqrt(sum(p.pow(2).sum().item() for p in model.parameters()))
     return row
 
@@ -190,7 +191,7 @@ def train_one(args, seed, data, results, device):
                   f"{row['sens_joint']:.4f} | |w| {row['weight_norm']:.1f} | {row['time']:.0f}s")
         if epoch == args.epochs:
             break
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(x), y)  # full batch: one step per epoch
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -52,6 +52,7 @@ def load_images(args, device):
     import torchvision
     from torchvision import transforms
 
+    # the models' own evaluation transform: the sensitivity is measured on the images they were trained to see
     tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
                              transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     try:
@@ -59,8 +60,8 @@ def load_images(args, device):
     except (FileNotFoundError, OSError) as e:
         raise FileNotFoundError(f"cannot read images from --imagenet-dir {args.imagenet_dir}: {e}") from None
     n = subset_size("--n-sens", args.n_sens, len(ds), f"images in {args.imagenet_dir}")
-    pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(args.data_seed))[:n].tolist()
-    images = torch.stack([ds[i][0] for i in pick]).to(device)  # (N, 3, 224, 224)
+    pick = torch.randperm(len(ds), generator=torch.Generator().manual_seed(args.data_seed))[:n].tolist()  # a subset
+    images = torch.stack([ds[i][0] for i in pick]).to(device)  # (N, 3, 224, 224), normalised
     labels = torch.tensor([ds[i][1] for i in pick], device=device)
     return images, labels, len(ds.classes)
 
@@ -101,7 +102,7 @@ def measure(model, images, args):
 
 def main(args):
     device = setup(args)
-    images, labels, classes = load_images(args, device)
+    images, labels, classes = load_images(args, device)  # before the run folder: a bad folder leaves nothing
     folder, results = start_run("imagenet", args, "imagenet-pretrained", device)
     with results.recording():
         for name in args.model:
@@ -111,7 +112,8 @@ def main(args):
                 with torch.no_grad():
                     final["train_acc"] = (model(images).argmax(1) == labels).float().mean().item()
             sens = measure(model, images, args)
-            head = sens[f"{args.mask[0]}:{args.sigma[0]:g}"]
+            head = sens[f"{args.mask[0]}:{args.sigma[0]:g}"]  # the headline: first mask, first sigma
+            # every measurement with its standard error, and per image for paired differences between the models
             final.update(sens=head.mean, sens_stderr=head.stderr,
                          sens_at={k: {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()},
                          per_image={k: [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()})

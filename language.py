@@ -113,7 +113,7 @@ def download(task, data_dir):
     """Fetch the official GLUE files for the task into data_dir/<TASK>/ and build train.tsv and dev.tsv."""
     folder = os.path.join(data_dir, task.upper())
     os.makedirs(folder, exist_ok=True)
-    for name, url in URLS[task].items():
+    for name, url in URLS[task].items():  # the files GLUE's own download script fetches
         try:
             urllib.request.urlretrieve(url, os.path.join(folder, name))
         except OSError as e:
@@ -130,7 +130,7 @@ def download(task, data_dir):
         return
     # MRPC, GLUE's rule: dev = the training pairs listed in dev_ids.tsv, train = the other training pairs
     with open(os.path.join(folder, "dev_ids.tsv"), encoding="utf-8") as fh:
-        dev_ids = {tuple(row) for row in csv.reader(fh, delimiter="\t")}
+        dev_ids = {tuple(row) for row in csv.reader(fh, delimiter="\t")}  # (id1, id2) of the 408 validation pairs
     path = os.path.join(folder, "msr_paraphrase_train.txt")
     with open(path, encoding="utf-8-sig") as fh:
         header, *rows = fh.read().splitlines()
@@ -153,7 +153,7 @@ def read_tsv(path, task):
     a, b, y = COLUMNS[task]
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:
-            reader = csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+            reader = csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)  # GLUE's sentences hold bare quotes
             missing = [c for c in (a, b, y) if c not in (reader.fieldnames or [])]
             if missing:
                 raise ValueError(f"{path} is not a GLUE {task.upper()} file: no column {missing[0]!r} in its header")
@@ -188,11 +188,11 @@ class Tokenizer:
 
     def __init__(self, texts, size):
         counts = collections.Counter(w for t in texts for w in words(t))
-        self.itos = SPECIALS + [w for w, _ in counts.most_common(size)]
+        self.itos = SPECIALS + [w for w, _ in counts.most_common(size)]  # id -> word; ties in first-seen order
         self.stoi = {w: i for i, w in enumerate(self.itos)}
 
     def encode(self, text):
-        return [self.stoi.get(w, UNK) for w in words(text)]
+        return [self.stoi.get(w, UNK) for w in words(text)]  # a word outside the vocabulary is <unk>
 
     def decode(self, ids):
         return [self.itos[i] for i in ids]
@@ -210,7 +210,7 @@ class Tokenizer:
 
 def encode(pairs, tok, max_len):
     """(tokens (N, max_len) right-padded with <pad>, labels (N,))."""
-    ids = torch.full((len(pairs), max_len), PAD, dtype=torch.long)
+    ids = torch.full((len(pairs), max_len), PAD, dtype=torch.long)  # right padding: real tokens come first
     for i, (a, b, _) in enumerate(pairs):
         seq = tok.encode_pair(a, b, max_len)
         ids[i, : len(seq)] = torch.tensor(seq)
@@ -239,8 +239,8 @@ class Block(nn.Module):
     def forward(self, x, mask):  # x (B, T, C), mask (B, T) True for real tokens
         T = x.shape[1]
         q, k, v = self.qkv_heads(x)
-        keep = mask[:, None, None, :]  # keys that are real tokens
-        if self.causal:
+        keep = mask[:, None, None, :]  # keys that are real tokens: padding is never attended to
+        if self.causal:  # GPT-2: a token sees itself and the tokens before it
             keep = keep & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return self.attend(x, q, k, v, keep)
 
@@ -248,30 +248,30 @@ class Block(nn.Module):
         """The rest of the block for queries q (B, nh, Tq, hs) of the rows x: attention over keys k and values v
         (B, nh, Tk, hs), or, when k and v are pairs (the prefix cache, the suffix), over both as if concatenated,
         without copying the cache; keep (B, 1, Tq, Tk) says which keys each query may see."""
-        q = q * self.dim_head**-0.5
+        q = q * self.dim_head**-0.5  # the usual 1/sqrt(d_head) scale, for softmax and ReLU attention alike
         if isinstance(k, tuple):  # prefix cache and suffix: the scores side by side, the values summed
             att = torch.cat([q @ kk.transpose(-2, -1) for kk in k], -1)  # (B, nh, Tq, Tk)
         else:
             att = q @ k.transpose(-2, -1)
         if self.attn == "softmax":
-            att = att.masked_fill(~keep, float("-inf")).softmax(-1)
-        else:
+            att = att.masked_fill(~keep, float("-inf")).softmax(-1)  # weights over the visible keys, summing to 1
+        else:  # App. A.4's ReLU attention: relu(scores) in place of the softmax, unnormalised
             att = F.relu(att) * keep
         att = self.drop(att)
-        if isinstance(v, tuple):
+        if isinstance(v, tuple):  # the cached values take the first columns of the weights, the suffix's the rest
             first = att[..., : v[0].shape[2]] @ v[0]
             y = first + att[..., v[0].shape[2]:] @ v[1]
         else:
             y = att @ v
         x = x + self.drop(self.proj(y.transpose(1, 2).reshape(*x.shape[:2], -1)))  # (B, Tq, nh * hs) heads joined
-        return x + self.drop(self.mlp(self.ln2(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))  # pre-norm MLP on the residual stream
 
     def forward_suffix(self, x, pos, mask, k_cache, v_cache):
         """Causal block on each row's suffix only: x (B, K, C) are the rows at absolute positions pos (B, K); the
         keys and values of the positions before them come from the clean cache (B, nh, S, hs), unchanged because
         causal attention cannot see a later perturbation."""
         S = k_cache.shape[2]  # cached positions: at least every row's positions before its suffix
-        q, k, v = self.qkv_heads(x)
+        q, k, v = self.qkv_heads(x)  # of the suffix's tokens only
         before = (torch.arange(S, device=x.device) < pos[:, :1]) & mask[:, :S]  # (B, S) cached keys before the suffix
         own = pos[:, None, :] <= pos[:, :, None]  # (B, K, K) causal: no real token sees the padding after it
         keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, S + K)
@@ -294,14 +294,14 @@ class TextTransformer(nn.Module):
         return self.norm(self.embed(tokens))  # (B, T, C): where the sensitivity adds its noise
 
     def forward_normed(self, e, mask, cache=None):  # cache: a list to which each block's keys and values are added
-        x = self.drop(e + self.pos.weight[: e.shape[1]])
+        x = self.drop(e + self.pos.weight[: e.shape[1]])  # (B, T, C): positions added after the noise
         for block in self.blocks:
-            if cache is not None:
+            if cache is not None:  # the clean keys and values each block sees, for forward_from
                 cache.append(block.qkv_heads(x)[1:])
             x = block(x, mask)
         x = self.ln_f(x)
         last = mask.sum(1) - 1  # the last real token of each sequence
-        h = x[torch.arange(len(x), device=x.device), last] if self.causal else x[:, 0]
+        h = x[torch.arange(len(x), device=x.device), last] if self.causal else x[:, 0]  # GPT-2: last; RoBERTa: <s>
         return self.head(h)
 
     def forward(self, tokens):
@@ -322,12 +322,12 @@ class TextTransformer(nn.Module):
         B, T, C = e.shape
         last = mask.sum(1) - 1
         pos = start[:, None] + torch.arange(int((last + 1 - start).max()), device=e.device)  # (B, K) positions
-        cols = pos.clamp(max=T - 1)
-        x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]
+        cols = pos.clamp(max=T - 1)  # a shorter suffix repeats its last column (masked, never read)
+        x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]  # (B, K, C) each row's suffix
         S = int(start.max())  # no row reads a cached key at or after its own start
         for block, (k, v) in zip(self.blocks, cache):
             x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S])
-        return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])
+        return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])  # the last real token
 
 
 class LSTMLayer(nn.Module):
@@ -336,7 +336,7 @@ class LSTMLayer(nn.Module):
     def __init__(self, inputs, hidden):
         super().__init__()
         self.hidden = hidden
-        k = hidden**-0.5
+        k = hidden**-0.5  # torch.nn.LSTM's initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every weight
         self.W_ih = nn.Parameter(torch.empty(4 * hidden, inputs).uniform_(-k, k))
         self.W_hh = nn.Parameter(torch.empty(4 * hidden, hidden).uniform_(-k, k))
         self.b_ih = nn.Parameter(torch.empty(4 * hidden).uniform_(-k, k))
@@ -351,15 +351,15 @@ class LSTMLayer(nn.Module):
         xw = x @ self.W_ih.T + self.b_ih  # the input projection of every step at once, (B, T, 4H)
         h, c = state if state is not None else (x.new_zeros(B, self.hidden), x.new_zeros(B, self.hidden))
         hs, cs = [], []
-        for t in range(T):
-            gates = xw[:, t] + h @ self.W_hh.T + self.b_hh
+        for t in range(T):  # the recurrence: step t needs step t - 1's h and c
+            gates = xw[:, t] + h @ self.W_hh.T + self.b_hh  # (B, 4H): the four gates' pre-activations
             i, f, g, o = gates.chunk(4, dim=1)
             i = torch.sigmoid(i)  # input gate: how much of the candidate enters the cell
             f = torch.sigmoid(f)  # forget gate: how much of the old cell is kept
             g = torch.tanh(g)  # candidate cell content
             o = torch.sigmoid(o)  # output gate: how much of the cell is shown as the hidden state
-            c = f * c + i * g
-            h = o * torch.tanh(c)
+            c = f * c + i * g  # the cell: keep part of the old, add part of the new
+            h = o * torch.tanh(c)  # the hidden state, what the next layer and the head read
             hs.append(h)
             cs.append(c)
         return torch.stack(hs, dim=1), torch.stack(cs, dim=1)
@@ -379,7 +379,7 @@ class LSTMClassifier(nn.Module):
         self._fused = {}  # the torch.nn.LSTM shell per device; a plain dict, so its own weights are never registered
 
     def embed_normed(self, tokens):
-        return self.norm(self.embed(tokens))
+        return self.norm(self.embed(tokens))  # (B, T, C): where the sensitivity adds its noise
 
     def run_fused(self, x, init=None):
         """All layers through torch.nn.LSTM with this model's weights; init: per layer (h, c) (B, hidden), or None."""
@@ -399,11 +399,11 @@ class LSTMClassifier(nn.Module):
     def forward_normed(self, e, mask):
         x = self.drop(e)
         if self.fused:
-            x = self.run_fused(x)
+            x = self.run_fused(x)  # the same function, cuDNN's or ATen's kernel
         else:
             for i, layer in enumerate(self.layers):
-                x = layer(x if i == 0 else self.drop(x))
-        last = mask.sum(1) - 1
+                x = layer(x if i == 0 else self.drop(x))  # dropout between layers, as torch.nn.LSTM's
+        last = mask.sum(1) - 1  # right padding: the last real token has read the whole sequence
         return self.head(self.drop(x[torch.arange(len(x), device=x.device), last]))
 
     def forward(self, tokens):
@@ -413,7 +413,7 @@ class LSTMClassifier(nn.Module):
         """(cache, logits) of the clean inputs e (eval mode): every layer's hidden and cell states at every position,
         which forward_from resumes from, and the logits."""
         cache, x = [], e
-        for layer in self.layers:
+        for layer in self.layers:  # the hand-written cells: the fused LSTM does not return every step's cell state
             h, c = layer.run(x)
             cache.append((h, c))
             x = h
@@ -427,7 +427,7 @@ class LSTMClassifier(nn.Module):
         steps = mask.sum(1) - start  # (B,) from the perturbed token to the last real one
         cols = (start[:, None] + torch.arange(int(steps.max()), device=e.device)).clamp(max=T - 1)
         x = e.gather(1, cols[..., None].expand(-1, -1, C))  # (B, K, C) each row's suffix
-        rows, before, fresh = idx, (start - 1).clamp(min=0), (start == 0)[:, None]
+        rows, before, fresh = idx, (start - 1).clamp(min=0), (start == 0)[:, None]  # a suffix at 0 starts from zeros
         init = [(h[rows, before].masked_fill(fresh, 0.0), c[rows, before].masked_fill(fresh, 0.0)) for h, c in cache]
         if self.fused:
             x = self.run_fused(x, init)
@@ -438,6 +438,7 @@ class LSTMClassifier(nn.Module):
 
 
 def build_model(name, attn, vocab, args):
+    """Every model at the same depth and width; the transformers' heads split the width unless --dim-head says."""
     if name == "lstm":
         return LSTMClassifier(vocab, args.dim, args.depth, args.dropout, fused=args.fused)
     dim_head, mlp_dim = args.dim_head or args.dim // args.heads, args.mlp_dim or 4 * args.dim
@@ -460,10 +461,10 @@ def evaluate(model, tokens, labels, batch_size=256):
     """(mean cross-entropy, accuracy, share of the pairs given the most frequent predicted class) in eval mode; a
     share of 1.0 is a constant classifier, whose sensitivity is 0 whatever the noise. Under torchrun each rank takes
     a slice of the pairs and the sums are added up."""
-    model.eval()
+    model.eval()  # dropout off
     rank, world = ranks()
     loss = correct = 0.0
-    counts = torch.zeros(2, dtype=torch.long, device=tokens.device)
+    counts = torch.zeros(2, dtype=torch.long, device=tokens.device)  # predictions of each class
     for idx in torch.arange(len(tokens), device=tokens.device).tensor_split(world)[rank].split(batch_size):
         out = model(trim(tokens[idx]))
         loss += F.cross_entropy(out, labels[idx], reduction="sum").item()
@@ -477,26 +478,26 @@ def by_length(run, length, slack=SLACK):
     """run(rows) on groups of rows of similar length, the outputs put back in row order. forward_from pads a batch to
     its longest suffix, so a chunk's copies run in groups whose shortest suffix is at least `slack` times their
     longest: a copy perturbed near the end no longer pays for one perturbed near the start."""
-    order = torch.argsort(length, descending=True)
+    order = torch.argsort(length, descending=True)  # longest suffix first
     sizes, first, outs = length[order].tolist(), 0, []
     for i in range(1, len(sizes) + 1):
-        if i == len(sizes) or sizes[i] < slack * sizes[first]:
+        if i == len(sizes) or sizes[i] < slack * sizes[first]:  # row i is too short for the group from `first`
             outs.append(run(order[first:i]))
             first = i
     return torch.cat(outs)[torch.argsort(order)]  # output k of the sorted rows belongs to row order[k]
 
 
 @torch.no_grad()
-def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, prefix_cache=True):
+def measure_sensitivity(model, tokens, *, sigma, reps, positions, align, seed, prefix_cache=True):
     """Noise on one layer-normalised token embedding at a time, padding never. With align='right' the estimator sees
     each sequence shifted to end at the last column, so its per-position profile counts from the end. For the causal
     models (LSTM, GPT-2) a copy perturbed at position t reuses the clean states before t (prefix_cache; the same
     predictions, about half the work). Returns the Sensitivity and, per position of that profile, how many of the
     pairs have a token there."""
-    model.eval()
+    model.eval()  # dropout off: it would count as flips
     tokens = trim(tokens)
-    mask = tokens != PAD
-    e = model.embed_normed(tokens)  # (N, T, C)
+    mask = tokens != PAD  # (N, T): real tokens, the only ones perturbed
+    e = model.embed_normed(tokens)  # (N, T, C): the noise goes on these normalised embeddings
     N, T, C = e.shape
     cache, clean = (model.prefix_cache(e, mask) if prefix_cache else None) or (None, None)
     cols = torch.arange(T, device=e.device)
@@ -507,11 +508,11 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, pref
     def f(xb, idx, pos):  # shift the chunk back to the left-aligned layout the models expect
         back = (cols + shift[idx, None]) % T
         xb = xb.gather(1, back[..., None].expand(-1, -1, C))
-        if cache is None:
+        if cache is None:  # RoBERTa: a perturbation reaches every position, so the whole sequence is recomputed
             return model.forward_normed(xb, mask[idx])
         if pos is None:  # the clean inputs, whose logits came with the cache
             return clean[idx]
-        start = pos - shift[idx]
+        start = pos - shift[idx]  # the perturbed position in the left-aligned layout
         return by_length(lambda r: model.forward_from(xb[r], mask[idx[r]], start[r], cache, idx[r]),
                          mask[idx].sum(1) - start)
 
@@ -527,8 +528,8 @@ def measure_sensitivity(model, tokens, sigma, reps, positions, align, seed, pref
 def sensitivities(model, tokens, args, align):
     """{f"{sigma:g}": (Sensitivity, pairs reaching each position)} at every --sigma, with the same noise (--sens-seed)
     for every model."""
-    return {f"{sigma:g}": measure_sensitivity(model, tokens, sigma, args.reps, args.sens_positions, align,
-                                              args.sens_seed) for sigma in args.sigma}
+    return {f"{sigma:g}": measure_sensitivity(model, tokens, sigma=sigma, reps=args.reps, positions=args.sens_positions,
+                                              align=align, seed=args.sens_seed) for sigma in args.sigma}
 
 
 def train_one(name, attn, seed, args, data, vocab, results):
@@ -538,21 +539,21 @@ def train_one(name, attn, seed, args, data, vocab, results):
     run = Run(label(name, attn), seed)
     if results.finished(run):
         return None
-    seed_all(seed)
+    seed_all(seed)  # the initialisation depends on the seed alone
     device = data["train"][0].device
     model = build_model(name, attn, vocab, args).to(device)
     print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    x, y = data["train"]
-    gen = torch.Generator(device).manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)  # the paper's optimiser
+    x, y = data["train"]  # (N, max_len) token ids, right-padded; (N,) labels
+    gen = torch.Generator(device).manual_seed(seed)  # the order of the pairs, kept in checkpoints
     steps_per_epoch = math.ceil(len(x) / args.batch_size)
-    num_steps = max(1, round(args.epochs * steps_per_epoch))
-    head = f"{args.sigma[0]:g}"
+    num_steps = max(1, round(args.epochs * steps_per_epoch))  # --epochs may be fractional
+    head = f"{args.sigma[0]:g}"  # the headline sigma, logged as "sens"
     start, seen, perm, per_image_init = 0, 0, None, None
     if snap := results.resume(run, "step"):
         start = restore(snap, model, opt, [gen])
         seen, perm, per_image_init = snap["seen"], snap["perm"], snap["per_image_init"]
-    rank, world = ranks()
+    rank, world = ranks()  # under torchrun training goes through DDP; evaluation is sharded by hand
     fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world > 1 else model
     t0 = time.time()
@@ -562,11 +563,12 @@ def train_one(name, attn, seed, args, data, vocab, results):
                            per_image_init=per_image_init)  # for --resume
         if evaluating:
             row = {"step": step, "examples": seen}
+            # majority share 1.0: a constant classifier, whose sensitivity is 0 whatever it learned
             row["train_loss"], row["train_acc"], row["majority_share"] = evaluate(model, x, y)
             if results.diverged(run, step, row["train_loss"]):
                 return None
             row["test_loss"], row["test_acc"], _ = evaluate(model, *data["test"])
-            sens = sensitivities(model, x[: args.n_sens], args, args.align[0])
+            sens = sensitivities(model, x[: args.n_sens], args, args.align[0])  # a fixed subset of the training pairs
             for key, (s, _) in sens.items():
                 row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
             if args.sens_test:
@@ -586,12 +588,12 @@ def train_one(name, attn, seed, args, data, vocab, results):
             perm = torch.randperm(len(x), generator=gen, device=device)
         idx = perm[(step % steps_per_epoch) * args.batch_size:][: args.batch_size]
         mine = idx.tensor_split(world)[rank]  # this rank's slice of the batch
-        model.train()
-        loss = F.cross_entropy(fwd(trim(x[mine])), y[mine])
+        model.train()  # dropout on (evaluation switched it off)
+        loss = F.cross_entropy(fwd(trim(x[mine])), y[mine])  # trimmed: no work on all-padding columns
         opt.zero_grad(set_to_none=True)
         (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: the batch mean
         opt.step()
-        seen += len(idx)
+        seen += len(idx)  # the x axis of the paper's Fig. 7: examples seen
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss",
                                  "majority_share", "step", "examples"]}
     if args.sens_test:

@@ -88,7 +88,7 @@ def setting(args, s):
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
     out["seeds"] = args.seeds if args.seeds is not None else [out.pop("seed")]
-    out.pop("seed", None)
+    out.pop("seed", None)  # the setting's own seed is replaced by --seeds when given
     return out
 
 
@@ -100,9 +100,9 @@ def make_task(n, k, n_train, n_test, data_seed):
     """The k relevant bits, training inputs drawn uniformly (repeats allowed), and test inputs none of which is a
     training input: x (N, n, 1) in {-1, +1}, y (N,) in {0, 1}. Everything from data_seed alone."""
     g = torch.Generator().manual_seed(data_seed)
-    relevant = torch.randperm(n, generator=g)[:k].sort().values
+    relevant = torch.randperm(n, generator=g)[:k].sort().values  # the hidden set S
     code = lambda bits: (bits[..., 0] > 0).long() @ (2 ** torch.arange(n))  # noqa: E731  each input as an integer
-    x = torch.randint(0, 2, (n_train, n, 1), generator=g).float() * 2 - 1
+    x = torch.randint(0, 2, (n_train, n, 1), generator=g).float() * 2 - 1  # uniform over {-1, +1}^n
     seen, test = set(code(x).tolist()), []
     if len(seen) == 2**n:
         raise ValueError(f"--n-train {n_train} inputs cover all {2**n} inputs of {n} bits: none is left to test on")
@@ -134,10 +134,10 @@ class Block(nn.Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # B,nh,T,hs
         att = ((q @ k.transpose(-2, -1)) * self.dim_head**-0.5).softmax(-1)  # (B, nh, T, T)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, -1))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, -1))  # heads joined, back to the residual
+        return x + self.mlp(self.ln2(x))  # pre-norm MLP
 
 
 class ParityTransformer(nn.Module):
@@ -146,16 +146,16 @@ class ParityTransformer(nn.Module):
     def __init__(self, n, dim, heads, depth, dim_head=None, mlp_dim=None):
         super().__init__()
         self.bit = nn.Embedding(2, dim)  # the value -1 or +1
-        self.pos = nn.Parameter(0.02 * torch.randn(1, n + 1, dim))
-        self.cls = nn.Parameter(0.02 * torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(0.02 * torch.randn(1, n + 1, dim))  # which bit a token is (and the class token)
+        self.cls = nn.Parameter(0.02 * torch.randn(1, 1, dim))  # read by the head: it attends to the bits
         self.blocks = nn.Sequential(*[Block(dim, heads, dim_head or dim // heads, mlp_dim or 4 * dim)
                                       for _ in range(depth)])
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2))
 
     def forward(self, x):  # x (B, n, 1) in {-1, +1}
         tok = self.bit((x[..., 0] > 0).long())  # (B, n, dim)
-        h = torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos
-        return self.head(self.blocks(h)[:, 0])
+        h = torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos  # (B, n + 1, dim)
+        return self.head(self.blocks(h)[:, 0])  # two logits from the class token
 
 
 # -----------------------------------------------------------------------------
@@ -165,7 +165,7 @@ class ParityTransformer(nn.Module):
 def all_inputs(n):
     """All 2^n points of {-1, +1}^n as (2^n, n, 1); row i has bit j = +1 iff bit j of i is 0."""
     i = torch.arange(2**n)
-    bits = (i[:, None] >> torch.arange(n)) & 1
+    bits = (i[:, None] >> torch.arange(n)) & 1  # (2^n, n): the binary digits of each i
     return (1 - 2 * bits).float()[..., None]
 
 
@@ -174,8 +174,8 @@ def walsh_hadamard(values):
     Walsh-Hadamard transform; entry m is the coefficient of S = {j : bit j of m is 1}."""
     h = values.double().clone()
     n = h.numel().bit_length() - 1
-    for j in range(n):
-        h = h.view(-1, 2, 2**j)
+    for j in range(n):  # one butterfly per bit: n * 2^n operations instead of 4^n
+        h = h.view(-1, 2, 2**j)  # pairs of entries that differ in bit j only
         h = torch.stack([h[:, 0] + h[:, 1], h[:, 0] - h[:, 1]], dim=1)
     return h.flatten() / 2**n
 
@@ -184,9 +184,9 @@ def exact_sensitivity(model, n, device):
     """Average Boolean sensitivity sum_S |S| f_hat(S)^2 of the model's +-1 prediction over all 2^n inputs."""
     x = all_inputs(n).to(device)
     with torch.no_grad():
-        pred = torch.cat([model(x[i:i + 8192]).argmax(1) for i in range(0, len(x), 8192)])
-    coeffs = walsh_hadamard((pred * 2 - 1).cpu())
-    degree = torch.tensor([bin(m).count("1") for m in range(2**n)], dtype=torch.float64)
+        pred = torch.cat([model(x[i:i + 8192]).argmax(1) for i in range(0, len(x), 8192)])  # its whole truth table
+    coeffs = walsh_hadamard((pred * 2 - 1).cpu())  # of the +-1 prediction
+    degree = torch.tensor([bin(m).count("1") for m in range(2**n)], dtype=torch.float64)  # |S| of each coefficient
     return (degree * coeffs**2).sum().item()
 
 
@@ -200,7 +200,7 @@ def evaluate(model, sets):
     model.eval()
     row = {}
     for name, (x, y) in sets.items():
-        logits = torch.cat([model(x[i:i + 4096]) for i in range(0, len(x), 4096)])
+        logits = torch.cat([model(x[i:i + 4096]) for i in range(0, len(x), 4096)])  # in chunks: bounded memory
         row[f"{name}_loss"] = F.cross_entropy(logits, y).item()
         row[f"{name}_acc"] = (logits.argmax(1) == y).float().mean().item()
     return row
@@ -215,7 +215,7 @@ def measure_sensitivity(model, sens_x, relevant_mask, n):
     row["sens"], row["sens_stderr"] = s.mean, s.stderr  # normalised by n
     row["sens_count"], row["sens_count_stderr"] = s.mean * n, s.stderr * n  # Eq. 1: flips summed over the bits
     row["sens_relevant"] = s.per_position[relevant_mask].sum().item()  # of which on the k relevant bits
-    row["sens_by_bit"] = s.per_position.tolist()
+    row["sens_by_bit"] = s.per_position.tolist()  # does it concentrate on the relevant bits?
     return row
 
 
@@ -223,18 +223,19 @@ def train_one(args, s, seed, task, results, device):
     """Train setting s with one seed on task = make_task(...) of that setting."""
     hp = setting(args, s)
     relevant, train, test = task
-    x_train, y_train = (t.to(device) for t in train)
+    x_train, y_train = (t.to(device) for t in train)  # (N, n, 1) bits in {-1, +1}, (N,) parity in {0, 1}
     n_eval = args.n_eval or min(2000, len(x_train))
+    # train accuracy on a fixed subset (evaluating all 20,000 every 200 steps would cost more than training)
     sets = {"train": (x_train[:n_eval], y_train[:n_eval]), "test": tuple(t.to(device) for t in test)}
     sens_x = x_train[: args.n_sens]
-    relevant_mask = torch.zeros(args.n, dtype=torch.bool)
+    relevant_mask = torch.zeros(args.n, dtype=torch.bool)  # (n,) True on the k bits the parity reads
     relevant_mask[relevant] = True
     run = Run(f"setting{s}", seed)
     if results.finished(run):
         return None
     seed_all(seed)  # the initialisation depends on the seed alone
     model = ParityTransformer(args.n, hp["dim"], args.heads, args.depth, args.dim_head, args.mlp_dim).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=args.weight_decay)  # the decay helps it learn
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
     gen = torch.Generator(device).manual_seed(seed)  # the minibatch order, kept in checkpoints
     start = restore(snap, model, opt, [gen]) if (snap := results.resume(run, "step")) else 0
@@ -246,6 +247,7 @@ def train_one(args, s, seed, task, results, device):
             row = {"step": step, **evaluate(model, sets)}
             if results.diverged(run, step, row["train_loss"]):
                 return None
+            # the claim: during the 50% plateau this rises towards k, the target's own sensitivity
             row.update(measure_sensitivity(model, sens_x, relevant_mask, args.n), time=time.time() - t0)
             results.log(run, row)
             print(f"{run} step {step:5d} | train acc {row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | "
@@ -255,7 +257,7 @@ def train_one(args, s, seed, task, results, device):
             break
         model.train()
         b = torch.randint(len(x_train), (hp["batch_size"],), generator=gen, device=device)  # with replacement
-        loss = F.cross_entropy(model(x_train[b]), y_train[b])
+        loss = F.cross_entropy(model(x_train[b]), y_train[b])  # two classes: parity 0 or 1
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -263,7 +265,7 @@ def train_one(args, s, seed, task, results, device):
                                  "train_acc", "test_acc", "sens_by_bit"]}
     final["relevant_bits"] = relevant.tolist()
     final["time"] = row["time"]
-    if args.n <= 16:
+    if args.n <= 16:  # 2^n inputs are few enough to read the exact value off the Fourier spectrum
         final["sens_count_exact"] = exact_sensitivity(model.eval(), args.n, device)
     results.final(run, final)
     return final

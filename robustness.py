@@ -39,9 +39,9 @@ from runs import (ArgumentParser, Run, add_run_flags, checked, cli, load_results
 def random_patch_noise(images, patch, std, generator):
     """N(0, std^2) on one random patch (of the patch grid) of each image, as one batched mask."""
     tokens = patchify(torch.zeros_like(images), patch)  # (B, T, D)
-    pick = torch.randint(tokens.shape[1], (len(images),), generator=generator, device=images.device)
-    tokens[torch.arange(len(images), device=images.device), pick] = 1.0
-    mask = unpatchify(tokens, patch, images.shape[1:])
+    pick = torch.randint(tokens.shape[1], (len(images),), generator=generator, device=images.device)  # one per image
+    tokens[torch.arange(len(images), device=images.device), pick] = 1.0  # ones on the picked patch
+    mask = unpatchify(tokens, patch, images.shape[1:])  # (B, C, H, W): 1 on that patch's pixels, 0 elsewhere
     return images + std * torch.randn(images.shape, generator=generator, device=images.device) * mask
 
 
@@ -54,8 +54,10 @@ def make_loss(variant, args, generator):
         return vanilla(model, x + args.augment_std * torch.randn(x.shape, generator=generator, device=x.device), y)
 
     def reg(model, x, y):  # (1 - p) CE + p MSE(f(x with one noisy patch), f(x)), the authors' regulariser
-        out = model(x).float()
-        noisy = model(random_patch_noise(x, args.sens_patch, args.reg_std, generator)).float()
+        out = model(x).float()  # the clean logits
+        noisy = model(random_patch_noise(x, args.sens_patch, args.reg_std, generator)).float()  # one patch perturbed
+        # the MSE term penalises a change of the logits under one patch of noise: a smooth proxy of the sensitivity,
+        # whose indicator 1[argmax changes] has no gradient; the gradient flows through both passes, as the authors'
         return (1 - args.reg) * F.cross_entropy(out, y) + args.reg * F.mse_loss(noisy, out)
 
     return {"vanilla": vanilla, "augment": augment, "reg": reg}[variant]
@@ -66,21 +68,22 @@ def sharpness(model, x, std, reps, generator, batch_size=500):
     """ShOp and ShPred (mean L1 change of the logits, fraction of changed predictions) when every weight gets
     N(0, std^2) noise, with their standard errors over the `reps` weight draws; eval mode, BatchNorm statistics as they
     are, the model's own weights never touched."""
-    model.eval()
+    model.eval()  # BatchNorm on its running statistics, dropout off
     params = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
-    clean = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]).float()
+    buffers = dict(model.named_buffers())  # BatchNorm's statistics: kept, never perturbed
+    clean = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]).float()  # f_theta(x)
     shop, shpred = [], []
     for _ in range(reps):
         noisy = {k: p + std * torch.randn(p.shape, generator=generator, device=p.device) for k, p in params.items()}
+        # the model run with theta + eps, its own parameters untouched (no copy of the module, no restore)
         out = torch.cat([torch.func.functional_call(model, {**noisy, **buffers}, (x[i:i + batch_size],))
                          for i in range(0, len(x), batch_size)]).float()
-        shop.append((out - clean).abs().sum(1).mean().item())
-        shpred.append((out.argmax(1) != clean.argmax(1)).float().mean().item())
+        shop.append((out - clean).abs().sum(1).mean().item())  # E_x |f_{theta+eps}(x) - f_theta(x)|_1
+        shpred.append((out.argmax(1) != clean.argmax(1)).float().mean().item())  # E_x 1[argmax differs]
     result = {}
     for name, values in [("shop", shop), ("shpred", shpred)]:
         result[name] = float(np.mean(values))
-        result[f"{name}_stderr"] = float(np.std(values, ddof=1) / np.sqrt(reps)) if reps > 1 else float("nan")
+        result[f"{name}_stderr"] = float(np.std(values, ddof=1) / np.sqrt(reps)) if reps > 1 else float("nan")  # draws
     return result
 
 
@@ -98,13 +101,13 @@ class Normalize(torch.nn.Module):
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
 
     def forward(self, x):
-        return (x - self.mean) / self.std
+        return (x - self.mean) / self.std  # (B, C, H, W), broadcast per channel
 
 
 @torch.no_grad()
 def accuracy(model, images, labels, batch_size=500):
     """Accuracy of a model of [0, 1] float images on uint8 images (eval mode)."""
-    model.eval()
+    model.eval()  # uint8 -> [0, 1] floats in batches: the images stay uint8 on the device
     correct = sum((model(images[i:i + batch_size].float() / 255).argmax(1) == labels[i:i + batch_size]).sum().item()
                   for i in range(0, len(images), batch_size))
     return correct / len(images)
@@ -119,7 +122,7 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(S
     "corruption_acc": {name: {severity: acc}}, "mean_corruption_acc": over the 15 standard corruptions measured
     (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured}."""
     device = next(model.parameters()).device
-    gen = torch.Generator(device).manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)  # the random corruptions' draws: the same for every model
     out = {"corruption_acc": {}, "clean_acc": None}
     if images is not None:
         images, labels = images[:n].to(device), labels[:n].to(device)
@@ -127,13 +130,13 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(S
     for name in corruptions:
         out["corruption_acc"][name] = {}
         for s in severities:
-            if cifar10c_dir:
+            if cifar10c_dir:  # the release: 10,000 corrupted test images per corruption and severity
                 x, y = (t.to(device) for t in read_release(cifar10c_dir, name, s, n))
-            else:
+            else:  # generated from the clean test images, 2,000 at a time (the memory of one chunk)
                 x, y = torch.cat([corrupt(images[i:i + 2000], name, s, gen, frost_dir)
                                   for i in range(0, len(images), 2000)]), labels
             out["corruption_acc"][name][str(s)] = accuracy(model, x, y)
-    for key, names in [("mean_corruption_acc", STANDARD), ("mean_extra_acc", EXTRA)]:
+    for key, names in [("mean_corruption_acc", STANDARD), ("mean_extra_acc", EXTRA)]:  # over corruptions x severities
         accs = [a for c in names if c in out["corruption_acc"] for a in out["corruption_acc"][c].values()]
         out[key] = float(np.mean(accs)) if accs else None
     out["standard_measured"] = sum(c in out["corruption_acc"] for c in STANDARD)  # RobustBench's mean needs 15
@@ -180,6 +183,7 @@ def parse_args(argv=None):
     add_run_flags(p, unit="epochs", default_name="<dataset>-<models>, fig9 or from-vision")
     args = parse(p, "robustness", argv)
     if args.from_vision:  # the saved run's own flags first, so that those given here take precedence
+        # (parsed again, as a command line: the saved values then pass the same type checks)
         try:
             saved = load_results(args.from_vision, "vision")["args"]
         except ValueError as e:
@@ -191,7 +195,7 @@ def parse_args(argv=None):
     vision.check_flags(p, args)
     if args.corruptions is None:
         args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
-    if args.paper_fig9:
+    if args.paper_fig9:  # the models and variants Fig. 9 needs, for the data and the checks below
         args.model = list(dict.fromkeys(m for m, _ in FIG9))
         args.variants = list(dict.fromkeys(v for _, v in FIG9))
     if args.cifar10c_dir and not os.path.isdir(args.cifar10c_dir):
@@ -226,12 +230,13 @@ def to_argv(key, value):
 def evaluate_model(model, args, data, seed):
     """Sensitivity, accuracies, corruption accuracy per corruption and severity, ShOp, ShPred of a trained model."""
     final = {}
+    # the same measurements vision.py makes, then corruption accuracy and sharpness of the same model
     final["train_loss"], final["train_acc"] = vision.evaluate(model, data["train_x"], data["train_y"])
     final["test_loss"], final["test_acc"] = vision.evaluate(model, data["test_x"], data["test_y"])
     sens = vision.measure_sensitivity(model, vision.normalize(data["train_x"][: args.n_sens]), patch=args.sens_patch,
                                       sigmas=args.sigma[:1], masks=["patch"], seed=args.sens_seed, reps=args.reps,
                                       positions=args.sens_positions)
-    sens = next(iter(sens.values()))
+    sens = next(iter(sens.values()))  # the one (patch, first sigma) measurement
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     channels = data["train_x"].shape[1]
     on_01 = torch.nn.Sequential(Normalize([0.5] * channels, [0.5] * channels), model)  # vision.normalize's [-1, 1]
@@ -256,7 +261,8 @@ def main(args):
     if len([c for c in STANDARD if c in args.corruptions]) < len(STANDARD):
         print(f"note: mean_corruption_acc is over {sum(c in args.corruptions for c in STANDARD)} of the 15 standard "
               "corruptions" + ("" if "frost" in args.corruptions else " (frost needs --frost-dir)"))
-    shape = vision.DATASETS[args.dataset][:3]
+    shape = vision.DATASETS[args.dataset][:3]  # (channels, size, classes)
+    # the (model, variant, seed) triples to train and evaluate, in order
     if args.from_vision:
         jobs = [(m, "vanilla", s) for m in args.model for s in args.seeds]
     elif args.paper_fig9:
@@ -271,7 +277,7 @@ def main(args):
                     continue
                 # the noise of augment and reg: a stream per rank (each draws for its own slice of the batch)
                 gen = torch.Generator(device).manual_seed(seed + 1_000_003 * ranks()[0])
-                if args.from_vision:
+                if args.from_vision:  # a model vision.py trained and saved: evaluate it as it is
                     seed_all(seed)
                     model = vision.build_model(model_name, args, *shape).to(device)
                     path = os.path.join(args.from_vision, f"{model_name}-seed{seed}.pt")
@@ -281,12 +287,13 @@ def main(args):
                         raise FileNotFoundError(f"no {path}: run vision.py with --save-model first") from None
                     except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
                         raise ValueError(f"{path} is not a {model_name} checkpoint of these flags ({e})") from None
-                else:
-                    model = vision.train(model_name, seed, args, data, results, device, run=run,
-                                         loss_fn=make_loss(variant, args, gen), noise_generators=[gen])
+                else:  # trained here, with the variant's objective, through vision.py's own loop
+                    model = vision.train(name=model_name, seed=seed, args=args, data=data, results=results,
+                                         device=device, run=run, loss_fn=make_loss(variant, args, gen),
+                                         noise_generators=[gen])
                     if model is None:  # diverged: marked in metrics.json, nothing to measure
                         continue
-                final = evaluate_model(model, args, data, seed)
+                final = evaluate_model(model, args, data, seed)  # sensitivity, corruptions, sharpness
                 results.final(run, final)
                 print(f"{run} | train acc {final['train_acc']:.4f} | test acc {final['test_acc']:.4f} | sens "
                       f"{final['sens']:.4f} +- {final['sens_stderr']:.4f} | mean corruption acc "

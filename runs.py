@@ -93,6 +93,24 @@ def add_run_flags(p, *, unit, default_name, device="auto"):
     return g
 
 
+def per_name(names, what):
+    """An argparse type for '0.05' (for every name) or 'cnn=0.05' (for one of `names`), a finite number > 0, kept as
+    written: the script reads the last that applies (say vision.learning_rate)."""
+    def check(text):
+        name, _, value = text.rpartition("=")
+        if name and name not in names:
+            raise argparse.ArgumentTypeError(f"unknown model {name!r} in {text}")
+        try:
+            ok = 0 < float(value) < math.inf
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be a finite {what} > 0 (or <model>=<{what}>), got {text}")
+        return text
+
+    return check
+
+
 def run_name(text):
     """A run name is one folder inside --out-dir/<script>/: no path separators, not '.' or '..'."""
     if not text or "/" in text or os.sep in text or text in (".", ".."):
@@ -302,6 +320,23 @@ def write_json(path, obj, replace=True):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def torchvision_dataset(cls, root, files, **kw):
+    """cls(root, download=True, **kw): a torchvision dataset, downloaded when missing. Offline, a FileNotFoundError
+    names the files to provide (`files`); a file that is present but damaged gets a ValueError naming it."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(f"--data-dir {root} is a file, not a folder")
+    try:
+        return cls(root=root, download=True, **kw)
+    except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
+        bad = corrupt_file(cls, root)
+        if bad:
+            raise ValueError(f"{bad[0]} is present but unreadable: {bad[1]}. Replace it with a good copy, or delete "
+                             "it (torchvision then extracts or downloads it again)") from None
+        raise FileNotFoundError(f"cannot load {cls.__name__} from {os.path.abspath(root)} ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} under "
+                                "that folder (or pass --data-dir), and torchvision will use them") from None
 
 
 def corrupt_file(cls, root):

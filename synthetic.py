@@ -99,6 +99,7 @@ def settings(args):
 
 
 def check_sizes(s):
+    """A ValueError unless the sizes of one setting make a task where both features predict the label."""
     if s["n_sparse"] < 1 or s["n_frequent"] < 1 or s["n_sparse"] + s["n_frequent"] > s["n"]:
         raise ValueError(f"need n_s >= 1, n_f >= 1 and n_s + n_f <= n, got {s}")
     if not 0.5 < s["alpha"] <= 1:
@@ -126,7 +127,7 @@ class Vocab:
         self.v_irrelevant = (self.kind == 2).float()  # 1_R
 
     def to(self, device):
-        v = copy.copy(self)
+        v = copy.copy(self)  # a shallow copy whose tensors live on the device
         for name in ["kind", "sign", "v_sparse", "v_frequent", "v_irrelevant"]:
             setattr(v, name, getattr(self, name).to(device))
         return v
@@ -134,21 +135,21 @@ class Vocab:
     def sparse(self, y):  # first id of S_y for y in {+1, -1}
         return torch.where(y > 0, 0, self.s)
 
-    def frequent(self, y):
+    def frequent(self, y):  # first id of F_y
         return 2 * self.s + torch.where(y > 0, 0, self.f)
 
 
 def make_data(vocab, n, n_sparse, n_frequent, alpha, size, generator, ood=False):
     """(ids (size, n), y (size,) in {-1, +1}). ood=True draws the sparse slots from S_-y instead of S_y."""
     g = generator
-    y = torch.randint(0, 2, (size,), generator=g) * 2 - 1
-    n_y = round(alpha * n_frequent)
+    y = torch.randint(0, 2, (size,), generator=g) * 2 - 1  # balanced labels in {-1, +1}
+    n_y = round(alpha * n_frequent)  # frequent slots that vote for y; the other n_f - n_y vote against it
     slot_sparse = vocab.sparse(-y if ood else y)[:, None] + torch.randint(vocab.s, (size, n_sparse), generator=g)
     slot_fy = vocab.frequent(y)[:, None] + torch.randint(vocab.f, (size, n_y), generator=g)
     slot_fny = vocab.frequent(-y)[:, None] + torch.randint(vocab.f, (size, n_frequent - n_y), generator=g)
-    n_rest = n - n_sparse - n_frequent
+    n_rest = n - n_sparse - n_frequent  # the rest of the sequence: irrelevant tokens
     slot_r = 2 * vocab.s + 2 * vocab.f + torch.randint(vocab.r, (size, n_rest), generator=g)
-    ids = torch.cat([slot_sparse, slot_fy, slot_fny, slot_r], dim=1)
+    ids = torch.cat([slot_sparse, slot_fy, slot_fny, slot_r], dim=1)  # (size, n) in slot order
     order = torch.argsort(torch.rand(size, n, generator=g), dim=1)  # shuffle the slots within each sequence
     return ids.gather(1, order), y
 
@@ -176,8 +177,8 @@ class AttentionClassifier(nn.Module):
     def __init__(self, d, d_head, init_std):
         super().__init__()
         self.W = nn.Parameter(init_std * torch.randn(d, d))  # key-query affinity of every (query, key) token pair
-        self.W_V = nn.Parameter(init_std * torch.randn(d, d_head))
-        self.theta = nn.Parameter(init_std * torch.randn(d_head))
+        self.W_V = nn.Parameter(init_std * torch.randn(d, d_head))  # values
+        self.theta = nn.Parameter(init_std * torch.randn(d_head))  # the linear head
 
     def attention(self, x):  # x (B, n, d) one-hot tokens
         att = (x @ self.W) @ x.transpose(-2, -1)  # (B, n, n): row = query, column = key
@@ -201,14 +202,14 @@ def evaluate(model, vocab, onehot, sets, sens_x):
     """Accuracies on each set, the training loss, head alignment, attention mass per token kind."""
     row = {}
     for name, (ids, y) in sets.items():
-        score = model(onehot[ids])
-        row[f"{name}_acc"] = ((score > 0).long() * 2 - 1 == y).float().mean().item()
+        score = model(onehot[ids])  # (N,): > 0 predicts +
+        row[f"{name}_acc"] = ((score > 0).long() * 2 - 1 == y).float().mean().item()  # OOD ~0: the sparse feature
         if name == "train":
             row["train_loss"] = F.softplus(-y * score).mean().item()
-    w = model.head_in_token_space()
+    w = model.head_in_token_space()  # which tokens the head reads, and with which sign
     for kind in ["sparse", "frequent", "irrelevant"]:
         row[f"align_{kind}"] = F.cosine_similarity(w, getattr(vocab, f"v_{kind}"), dim=0).item()
-    ids = sets["train"][0][: len(sens_x)]
+    ids = sets["train"][0][: len(sens_x)]  # the ids behind sens_x, to know each key's kind
     att = model.attention(sens_x)  # (N, n, n)
     key_kind = vocab.kind[ids]  # (N, n)
     for k, kind in enumerate(["sparse", "frequent", "irrelevant"]):
@@ -222,7 +223,7 @@ def evaluate(model, vocab, onehot, sets, sens_x):
 
 def make_sets(vocab, args, sizes):
     """{"train", "test", "ood"}: (ids, y) of one setting, drawn from --data-seed alone (not from --seeds)."""
-    g = torch.Generator().manual_seed(args.data_seed)
+    g = torch.Generator().manual_seed(args.data_seed)  # one generator, drawn in this order: every seed the same sets
     return {"train": make_data(vocab, size=args.n_train, generator=g, **sizes),
             "test": make_data(vocab, size=args.n_test, generator=g, **sizes),
             "ood": make_data(vocab, size=args.n_test, generator=g, ood=True, **sizes)}

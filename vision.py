@@ -11,8 +11,7 @@ normalised image at a time, every patch in turn, the same patch grid for every a
     python vision.py --dataset fake --model vit mlp --epochs 1 --n-train 200   # offline smoke test, seconds
     python report.py out/vision/seed0 out/vision/seed1 out/vision/seed2       # merge seeds run apart
 
-The ImageNet models of Sec. 5 (pretrained, nothing trained) are measured by imagenet.py; robustness.py trains these
-models with other objectives and imports this file.
+Sec. 5's pretrained ImageNet models: imagenet.py. robustness.py trains these models with other objectives.
 """
 
 import argparse
@@ -26,9 +25,9 @@ import torch.nn.functional as F
 
 import report
 from common import gaussian, not_finite, patchify, predict, sensitivity, summarise, unpatchify
-from runs import (ArgumentParser, Run, add_run_flags, all_sum, checked, cli, corrupt_file, for_training, fraction,
-                  nonnegative_float, one_of, parse, positive_int, ranks, restore, seed, seed_all, setup, start_run,
-                  subset_size)
+from runs import (ArgumentParser, Run, add_run_flags, all_sum, checked, cli, for_training, fraction, nonnegative_float,
+                  one_of, parse, per_name, positive_int, ranks, restore, seed, seed_all, setup, start_run, subset_size,
+                  torchvision_dataset)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -48,87 +47,60 @@ LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
 SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep: noise stds from far below to far above the pixel range
 
 
-def lr_flag(text):
-    """'0.05' (every model) or 'cnn=0.05' (one model), checked and kept as written; learning_rate() reads them."""
-    name, _, lr = text.rpartition("=")
-    if name and name not in MODELS:
-        raise argparse.ArgumentTypeError(f"unknown model {name!r} in {text}")
-    try:
-        ok = 0 < float(lr) < math.inf
-    except ValueError:
-        ok = False
-    if not ok:
-        raise argparse.ArgumentTypeError(f"must be a finite learning rate > 0 (or <model>=<rate>), got {text}")
-    return text
-
-
 def add_flags(p):
-    """The model, data, optimisation and sensitivity flags, which robustness.py shares."""
+    """The model, data, optimisation and sensitivity flags, which robustness.py shares. [author code]: the default
+    of the authors' code; [paper]: stated in the paper."""
     g = p.add_argument_group("model")
-    g.add_argument("--model", type=one_of(MODELS, "model"), nargs="+", default=["vit"],
-                   help=f"one or more of {MODELS}, trained in turn")
-    g.add_argument("--depth", type=positive_int, default=8, help="transformer blocks (ViTs) / mixer layers (ConvMixer)")
-    g.add_argument("--heads", type=positive_int, default=32, help="attention heads (ViTs) [author code: 32]")
-    g.add_argument("--dim", type=positive_int, default=64, help="token width (ViTs, ConvMixer) [author code: 64]")
-    g.add_argument("--dim-head", type=positive_int, default=64, help="width of one attention head (ViTs)")
-    g.add_argument("--mlp-dim", type=positive_int, default=512, help="hidden width of the transformer MLP "
-                   "[author code]")
-    g.add_argument("--dropout", type=fraction, default=0.1, help="dropout of ViT-small [author code: 0.1]")
-    g.add_argument("--patch-size", type=positive_int, default=None,
-                   help="ViT/ConvMixer patch size; default 4 (CIFAR-10 [author code], and the paper's one size for the "
-                   "other sets, so Fashion-MNIST too), 7 for MNIST 0 vs 1 (our choice)")
-    g.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch "
-                   "(both reference ViTs have it; it turns any noise on a blank patch into a full-size token change)")
-    g.add_argument("--mlp-hidden", type=positive_int, nargs="+", default=[512, 128],
-                   help="hidden widths of the MLPs [author code: 784-512-128-10]")
+    g.add_argument("--model", type=one_of(MODELS, "model"), nargs="+", default=["vit"], help=f"of {MODELS}, in turn")
+    g.add_argument("--depth", type=positive_int, default=8, help="transformer blocks (ViTs), layers (ConvMixer)")
+    g.add_argument("--heads", type=positive_int, default=32, help="attention heads (ViTs) [author code]")
+    g.add_argument("--dim", type=positive_int, default=64, help="token width (ViTs, ConvMixer) [author code]")
+    g.add_argument("--dim-head", type=positive_int, default=64, help="width of one attention head [author code]")
+    g.add_argument("--mlp-dim", type=positive_int, default=512, help="hidden width of the ViTs' MLP [author code]")
+    g.add_argument("--dropout", type=fraction, default=0.1, help="dropout of ViT-small [author code]")
+    g.add_argument("--patch-size", type=positive_int, default=None, help="ViT/ConvMixer patch in pixels: default 4 "
+                   "[author code, CIFAR-10; the paper's one size for the other sets], 7 on MNIST 0 vs 1 [our choice]")
+    g.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch")
+    g.add_argument("--mlp-hidden", type=positive_int, nargs="+", default=[512, 128], help="hidden widths of the MLPs")
     g.add_argument("--spt-shift", type=str, default="1", choices=["1", "half"], help="ViT-small's shifted patches: "
                    "one pixel in four directions [author code], or half a patch diagonally [Lee et al.]")
     g = p.add_argument_group("data")
     g.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS))
     g.add_argument("--data-dir", type=str, default="data", help="where the dataset files are (or are downloaded to)")
-    g.add_argument("--n-train", type=positive_int, default=None, help="train on a random subset of this many "
-                   "training images (default: all)")
-    g.add_argument("--n-test", type=positive_int, default=None, help="test on the first this many test images "
-                   "(default: all)")
+    g.add_argument("--n-train", type=positive_int, default=None, help="a random subset of the training images")
+    g.add_argument("--n-test", type=positive_int, default=None, help="the first this many test images")
     g.add_argument("--data-seed", type=seed, default=0, help="seed of the training subset (fixed across --seeds)")
     g.add_argument("--augment", action="store_true", help="random crops (pad 4) and flips (32x32 sets only)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--optimizer", type=str, default="sgd", choices=["sgd", "adam"], help="paper: SGD (Fig. 14: Adam)")
-    g.add_argument("--lr", type=lr_flag, nargs="+", default=[], help="learning rate for all models (0.05) or per "
-                   "model (cnn=0.05 vit=0.1); models not named keep the paper's rate for them (LR above)")
+    g.add_argument("--lr", type=per_name(MODELS, "learning rate"), nargs="+", default=[], help="learning rate for all "
+                   "models (0.05) or per model (cnn=0.05 vit=0.1); a model not named keeps the paper's rate (LR above)")
     g.add_argument("--momentum", type=nonnegative_float, default=0.0, help="SGD momentum [author code: none]")
     g.add_argument("--weight-decay", type=nonnegative_float, default=0.0, help="weight decay [author code: none]")
     g.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],
                    help="lr schedule: constant, step (x0.5 every 8 epochs, the authors'), cosine to 0")
-    g.add_argument("--epochs", type=positive_int, default=50, help="training epochs [author code: 50]")
-    g.add_argument("--steps", type=positive_int, default=None, help="train for this many SGD steps instead of "
-                   "--epochs (the last epoch may be partial): the same number of updates whatever --n-train")
+    g.add_argument("--epochs", type=positive_int, default=50, help="training epochs [author code]")
+    g.add_argument("--steps", type=positive_int, default=None, help="SGD steps instead of --epochs (the same number "
+                   "of updates whatever --n-train)")
     g.add_argument("--batch-size", type=positive_int, default=100, help="images per step (paper: 100, MNIST 50)")
     g.add_argument("--seeds", type=seed, nargs="+", default=[0], help="initialisation/order seeds")
-    g.add_argument("--amp", action="store_true", help="bf16 autocast for training (CUDA only); the sensitivity is "
-                   "measured in float32")
+    g.add_argument("--amp", action="store_true", help="bf16 autocast for training (CUDA only)")
     g.add_argument("--compile", action="store_true", help="torch.compile the models")
     g = p.add_argument_group("sensitivity")
-    g.add_argument("--sigma", type=nonnegative_float, nargs="+", default=[0.1], help="noise std(s) on normalised "
-                   "pixels measured during training; the first is the headline [author code: 0.1]")
+    g.add_argument("--sigma", type=nonnegative_float, nargs="+", default=[0.1], help="noise std(s) on the [-1, 1] "
+                   "pixels; the first is the headline [author code: 0.1]")
     g.add_argument("--sweep", action="store_true", help=f"also measure every final model at sigma in {SWEEP} (Fig. 17)")
     g.add_argument("--mask", nargs="+", default=["patch"], choices=["patch", "scattered", "global"],
-                   help="patch: N(0, sigma^2) on one patch of the grid at a time (Def. 4.1); scattered: on p^2 random "
-                   "pixels shared by a batch of 100 (the authors' released estimator, not the paper's definition); "
-                   "global: on the whole image at once with std sigma/sqrt(T), the same energy (App. A.2)")
-    g.add_argument("--sens-patch", type=positive_int, default=None, help="patch grid of the sensitivity; default: "
-                   "--patch-size")
-    g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise: every model and --seeds sees the "
-                   "same perturbations of the same images, so differences between models are paired")
+                   help="patch: one patch of the grid at a time (Def. 4.1); scattered: p^2 random pixels shared by a "
+                   "batch (the authors' released estimator); global: the whole image, std sigma/sqrt(T) (App. A.2)")
+    g.add_argument("--sens-patch", type=positive_int, default=None, help="patch grid (default: --patch-size)")
+    g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise: the same for every model (paired)")
     g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (image, patch)")
-    g.add_argument("--sens-positions", type=positive_int, default=None,
-                   help="sample this many patches per image and draw instead of every patch (large images)")
+    g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many patches per image")
     g.add_argument("--n-sens", type=positive_int, default=500, help="training images the sensitivity is measured on")
-    g.add_argument("--eval-every", type=positive_int, default=5, help="epochs between evaluations (and at the end) "
-                   "[author code: 5]")
+    g.add_argument("--eval-every", type=positive_int, default=5, help="epochs between evaluations [author code]")
     g.add_argument("--match-acc", type=checked(float, lambda v: 0 < v <= 1, "train accuracies in (0, 1]"), nargs="+",
-                   default=[], help="read each run's sensitivity where its train accuracy first crosses these levels "
-                   "(interpolated between evaluations; App. A.1)")
+                   default=[], help="read the sensitivity where train accuracy first crosses these levels (App. A.1)")
     return p
 
 
@@ -137,11 +109,13 @@ def check_flags(p, args):
     size = DATASETS[args.dataset][1]
     args.patch_size = args.patch_size or (7 if args.dataset == "mnist01" else 4)
     args.sens_patch = args.sens_patch or args.patch_size
-    for name in ["patch_size", "sens_patch"]:
-        if size % getattr(args, name):
-            p.error(f"--{name.replace('_', '-')} {getattr(args, name)} does not divide the {size}x{size} images")
+    for flag, p_ in [("--patch-size", args.patch_size), ("--sens-patch", args.sens_patch)]:
+        if size % p_:
+            p.error(f"{flag} {p_} does not divide the {size}x{size} images")
     if args.amp and not (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())):
         p.error("--amp (bf16 autocast) needs a CUDA device")
+    if args.augment and size != 32:  # a 4-pixel pad and crop would move a 28x28 digit a seventh of its size
+        p.error(f"--augment (crops padded by 4, flips) is for the 32x32 datasets, not {args.dataset}")
 
 
 def parse_args(argv=None):
@@ -159,9 +133,8 @@ def parse_args(argv=None):
 
 
 def load_dataset(name, data_dir, device):
-    """{'train_x', 'test_x'} uint8 (N, C, H, W) and {'train_y', 'test_y'} int64, on the device. Missing files are
-    downloaded by torchvision; offline, a FileNotFoundError names the files to provide, and a file that is present
-    but corrupt gets a ValueError naming it."""
+    """{'train_x', 'test_x'} uint8 (N, C, H, W) and {'train_y', 'test_y'} int64, on the device; missing files are
+    downloaded by torchvision (offline, the error names the files to provide)."""
     channels, size, classes, files = DATASETS[name]
     if name.startswith("fake"):  # random images of the right shape, for tests and smoke runs
         g = torch.Generator().manual_seed(0)
@@ -172,42 +145,29 @@ def load_dataset(name, data_dir, device):
         return {k: v.to(device) for k, v in data.items()}
     import torchvision.datasets as tvd
 
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise ValueError(f"--data-dir {data_dir} is a file, not a folder")
     cls = {"cifar10": tvd.CIFAR10, "svhn": tvd.SVHN, "fashionmnist": tvd.FashionMNIST, "mnist01": tvd.MNIST}[name]
     data = {}
     for split, train in [("train", True), ("test", False)]:
         kw = {"split": "train" if train else "test"} if name == "svhn" else {"train": train}
-        try:
-            ds = cls(root=data_dir, download=True, **kw)
-        except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
-            bad = corrupt_file(cls, data_dir)  # a damaged file is named apart from a missing one
-            if bad:
-                raise ValueError(f"{bad[0]} is present but unreadable: {bad[1]}. Replace it with a good copy, or "
-                                 "delete it (torchvision then extracts or downloads it again)") from None
-            raise FileNotFoundError(f"cannot load {name} from {os.path.abspath(data_dir)} ({type(e).__name__}: "
-                                    f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} "
-                                    "under that folder (or pass --data-dir), and torchvision will use them") from None
+        ds = torchvision_dataset(cls, data_dir, files, **kw)  # downloads; offline, names the files to provide
         x = torch.as_tensor(ds.data)
         x = x.permute(0, 3, 1, 2) if x.ndim == 4 and x.shape[-1] == 3 else x  # CIFAR is NHWC
         x = x[:, None] if x.ndim == 3 else x  # MNIST-like: add the channel
         y = torch.as_tensor(ds.labels if name == "svhn" else ds.targets).long()
-        if name == "mnist01":
-            keep = y <= 1
-            x, y = x[keep], y[keep]
+        if name == "mnist01":  # App. A.1's binary task: the digits 0 and 1 only
+            x, y = x[y <= 1], y[y <= 1]
         data[f"{split}_x"], data[f"{split}_y"] = x.contiguous().to(device), y.to(device)
     return data
 
 
 def prepare_data(args, device):
-    """The dataset on the device, cut to what the flags select: a random --n-train subset of the training images
-    drawn with --data-seed (the same for every --seeds), the first --n-test test images. Sizes larger than the data
-    are a ValueError that says how many there are; so is an --n-sens larger than the training subset."""
+    """The dataset on the device, cut to a random --n-train subset of the training images drawn with --data-seed
+    (the same for every --seeds) and the first --n-test test images; sizes larger than the data are a ValueError."""
     data = load_dataset(args.dataset, args.data_dir, device)
     n_train = subset_size("--n-train", args.n_train, len(data["train_x"]), f"{args.dataset} training images")
     n_test = subset_size("--n-test", args.n_test, len(data["test_x"]), f"{args.dataset} test images")
     subset_size("--n-sens", args.n_sens, n_train, "training images (--n-train) to measure on")
-    g = torch.Generator().manual_seed(args.data_seed)
+    g = torch.Generator().manual_seed(args.data_seed)  # its own generator: --seeds never change the subset
     keep = torch.randperm(len(data["train_x"]), generator=g)[:n_train].to(device)
     data["train_x"], data["train_y"] = data["train_x"][keep], data["train_y"][keep]
     data["test_x"], data["test_y"] = data["test_x"][:n_test], data["test_y"][:n_test]
@@ -222,14 +182,14 @@ def normalize(x):
 def augment_batch(x, generator):
     """Random crop (zero-pad 4) and horizontal flip of a uint8 batch, as batched tensor ops."""
     B, _, H, W = x.shape
-    flip = torch.rand(B, generator=generator, device=x.device) < 0.5
+    flip = torch.rand(B, generator=generator, device=x.device) < 0.5  # which images are mirrored
     x = torch.where(flip[:, None, None, None], x.flip(3), x)
-    padded = F.pad(x, (4, 4, 4, 4))
-    dy, dx = (torch.randint(0, 9, (2, B), generator=generator, device=x.device))
+    padded = F.pad(x, (4, 4, 4, 4))  # (B, C, H + 8, W + 8), zeros around
+    dy, dx = (torch.randint(0, 9, (2, B), generator=generator, device=x.device))  # each crop's top-left corner
     rows = (dy[:, None] + torch.arange(H, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
     cols = (dx[:, None] + torch.arange(W, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
-    return padded[torch.arange(B, device=x.device)[:, None, None, None], torch.arange(x.shape[1],
-                  device=x.device)[None, :, None, None], rows, cols]
+    batch, chans = torch.arange(B, device=x.device), torch.arange(x.shape[1], device=x.device)
+    return padded[batch[:, None, None, None], chans[None, :, None, None], rows, cols]  # one gather for all crops
 
 
 # -----------------------------------------------------------------------------
@@ -237,6 +197,8 @@ def augment_batch(x, generator):
 
 
 class FeedForward(nn.Module):
+    """The transformer's MLP, pre-norm: LayerNorm, dim -> hidden -> dim with GELU."""
+
     def __init__(self, dim, hidden, dropout):
         super().__init__()
         self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout),
@@ -254,8 +216,9 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.dropout, self.lsa = heads, dropout, lsa
         self.norm = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)
+        self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)  # queries, keys and values of every head at once
         self.out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout))
+        # LSA learns the scale, starting at the usual 1/sqrt(d_head); kept as a log so it stays positive
         self.log_temperature = nn.Parameter(torch.tensor(math.log(dim_head**-0.5))) if lsa else None
 
     def forward(self, x):
@@ -269,10 +232,11 @@ class Attention(nn.Module):
         # softmax(q k^T * scale + mask) v, fused; the explicit form runs 2x slower on a CPU
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))  # heads side by side: (B, T, nh * hs) -> (B, T, dim)
 
 
 class Transformer(nn.Module):
+    """depth pre-norm blocks (attention, then MLP, each added to the residual stream) and a final LayerNorm."""
     def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout, lsa=False):
         super().__init__()
         self.layers = nn.ModuleList([nn.ModuleList([Attention(dim, heads, dim_head, dropout, lsa),
@@ -281,16 +245,15 @@ class Transformer(nn.Module):
 
     def forward(self, x):
         for attn, ff in self.layers:
-            x = x + attn(x)
-            x = x + ff(x)
+            x = x + attn(x)  # each token reads the others
+            x = x + ff(x)  # then each is transformed on its own
         return self.norm(x)
 
 
 class ShiftedPatchTokenization(nn.Module):
     """SPT (Lee et al. 2021): the image and four shifted copies, stacked on the channels, cut into patches,
-    layer-normalised (patch_norm=False: not) and projected, so each token sees a little beyond its own patch.
-    shift='1': one pixel left, right, up and down (the authors' vit_small.py, from vit-pytorch); shift='half': half a
-    patch along the four diagonals (Lee et al.'s paper)."""
+    layer-normalised (unless patch_norm=False) and projected, so each token sees a little beyond its own patch.
+    shift '1': one pixel in four directions (the authors' vit_small.py); 'half': half a patch diagonally (Lee et al.)"""
 
     def __init__(self, channels, patch, dim, patch_norm=True, shift="1"):
         super().__init__()
@@ -303,7 +266,7 @@ class ShiftedPatchTokenization(nn.Module):
         self.proj = nn.Linear(5 * channels * patch * patch, dim)
 
     def forward(self, img):
-        x = torch.cat([img] + [F.pad(img, pad) for pad in self.shifts], dim=1)  # (B, 5C, H, W)
+        x = torch.cat([img] + [F.pad(img, pad) for pad in self.shifts], dim=1)  # (B, 5C, H, W): image + 4 shifts
         return self.proj(self.norm(patchify(x, self.patch)))  # (B, T, dim)
 
 
@@ -314,23 +277,23 @@ class ViT(nn.Module):
                  patch_norm=True, spt_shift="1"):
         super().__init__()
         self.tokens = ShiftedPatchTokenization(channels, patch, dim, patch_norm, spt_shift)
-        self.cls = nn.Parameter(torch.randn(1, 1, dim))
-        self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))  # the class token, read by the head
+        self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))  # one per patch, and the class's
         self.drop = nn.Dropout(dropout)
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, lsa=True)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, img):
-        x = self.tokens(img)
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos
-        return self.head(self.transformer(self.drop(x))[:, 0])
+        x = self.tokens(img)  # (B, T, dim)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos  # (B, T + 1, dim)
+        return self.head(self.transformer(self.drop(x))[:, 0])  # logits from the class token
 
 
 def sincos_2d(h, w, dim, temperature=10000.0):
     """Fixed 2-D sine-cosine position embedding (h*w, dim) of Beyer et al. (2022)."""
-    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1))
-    y, x = y.flatten()[:, None] * omega, x.flatten()[:, None] * omega
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")  # each patch's row and column
+    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1))  # dim/4 frequencies per axis and function
+    y, x = y.flatten()[:, None] * omega, x.flatten()[:, None] * omega  # (h*w, dim/4)
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
 
 
@@ -342,17 +305,19 @@ class SimpleViT(nn.Module):
         self.patch = patch
         patch_dim = channels * patch * patch
         self.embed = nn.Sequential(nn.LayerNorm(patch_dim) if patch_norm else nn.Identity(), nn.Linear(patch_dim, dim),
-                                   nn.LayerNorm(dim))
+                                   nn.LayerNorm(dim))  # raw patch -> token, normalised before and after
         self.register_buffer("pos", sincos_2d(image // patch, image // patch, dim))
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout=0.0)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, img):
-        x = self.embed(patchify(img, self.patch)) + self.pos
-        return self.head(self.transformer(x).mean(1))
+        x = self.embed(patchify(img, self.patch)) + self.pos  # (B, T, dim)
+        return self.head(self.transformer(x).mean(1))  # mean over the tokens: no class token
 
 
 class BasicBlock(nn.Module):
+    """ResNet's two 3x3 convolutions around a shortcut (a 1x1 convolution where the shape changes)."""
+
     def __init__(self, cin, cout, stride):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
@@ -365,7 +330,7 @@ class BasicBlock(nn.Module):
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))  # the residual, added before the last ReLU
 
 
 class ResNet18(nn.Module):
@@ -375,22 +340,24 @@ class ResNet18(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
         blocks, cin = [], 64
-        for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:  # each stage halves the resolution after the first
             blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
             cin = cout
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Linear(512, classes)
 
     def forward(self, x):
-        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))  # global average pooling
 
 
 class DenseLayer(nn.Module):
+    """DenseNet's bottleneck: BN-ReLU-1x1 conv to 4 * growth channels, BN-ReLU-3x3 conv to growth channels."""
+
     def __init__(self, cin, growth):
         super().__init__()
-        self.net = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, 4 * growth, 1, bias=False),
-                                 nn.BatchNorm2d(4 * growth), nn.ReLU(), nn.Conv2d(4 * growth, growth, 3, 1, 1,
-                                                                                   bias=False))
+        wide = 4 * growth  # the bottleneck's width
+        self.net = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, wide, 1, bias=False),
+                                 nn.BatchNorm2d(wide), nn.ReLU(), nn.Conv2d(wide, growth, 3, 1, 1, bias=False))
 
     def forward(self, x):
         return torch.cat([x, self.net(x)], dim=1)  # each layer adds `growth` channels
@@ -414,7 +381,7 @@ class DenseNet121(nn.Module):
         self.head = nn.Linear(c, classes)
 
     def forward(self, x):
-        return self.head(self.features(x).mean((2, 3)))
+        return self.head(self.features(x).mean((2, 3)))  # global average pooling
 
 
 class ConvMixer(nn.Module):
@@ -430,7 +397,7 @@ class ConvMixer(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x):
-        x = self.embed(x)
+        x = self.embed(x)  # (B, dim, H/p, W/p): one "token" per patch, as a feature map
         for spatial, channel in zip(self.spatial, self.channel):
             x = channel(x + spatial(x))  # residual around the depthwise conv only
         return self.head(x.mean((2, 3)))
@@ -439,8 +406,8 @@ class ConvMixer(nn.Module):
 class MLP(nn.Module):
     def __init__(self, *, inputs, hidden, classes, activation):
         super().__init__()
-        act = {"leakyrelu": nn.LeakyReLU, "sigmoid": nn.Sigmoid}[activation]
-        layers, width = [nn.Flatten()], inputs
+        act = {"leakyrelu": nn.LeakyReLU, "sigmoid": nn.Sigmoid}[activation]  # the paper's two MLPs
+        layers, width = [nn.Flatten()], inputs  # the image as one vector of pixels
         for h in hidden:
             layers += [nn.Linear(width, h), act()]
             width = h
@@ -465,6 +432,7 @@ class CNN(nn.Module):
 
 
 def build_model(name, args, channels, size, classes):
+    # the two ViTs share their size flags; the others take what they need
     vit_kw = dict(image=size, channels=channels, patch=args.patch_size, classes=classes, dim=args.dim, depth=args.depth,
                   heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm)
     if name == "vit":
@@ -503,23 +471,22 @@ def learning_rate(name, args):
 def evaluate(model, x, y):
     """(mean cross-entropy, accuracy) of the model in eval mode on uint8 images x, in float32 (also under --amp).
     Under torchrun each rank takes a slice of the images and the sums are added up."""
-    model.eval()
+    model.eval()  # dropout off, BatchNorm on its running statistics
     rank, world = ranks()
-    part = torch.arange(len(x), device=x.device).tensor_split(world)[rank]
+    part = torch.arange(len(x), device=x.device).tensor_split(world)[rank]  # this rank's images (all of them alone)
     batch_size = 2048 if x.device.type == "cuda" else 256  # a CPU runs a small ViT 1.5x faster at 256 than 1000
     loss = correct = 0.0
     for idx in part.split(batch_size):
-        out = model(normalize(x[idx])).float()
-        loss += F.cross_entropy(out, y[idx], reduction="sum").item()
+        out = model(normalize(x[idx])).float()  # float32 logits even under bf16 autocast
+        loss += F.cross_entropy(out, y[idx], reduction="sum").item()  # sums: the mean is taken over all ranks
         correct += (out.argmax(1) == y[idx]).sum().item()
     loss, correct = all_sum(loss, correct)
     return loss / len(x), correct / len(x)
 
 
 def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, positions=None):
-    """{(mask, sigma): Sensitivity} of the model on normalised images (N, C, H, W), in float32, for each mask (see
-    --mask) and sigma. The noise depends on `seed` alone, so models measured with the same seed see identical
-    perturbations of the same images (paired comparisons)."""
+    """{(mask, sigma): Sensitivity} of the model on normalised images (N, C, H, W), in float32. The noise depends on
+    `seed` alone: models measured with the same seed see identical perturbations (paired comparisons)."""
     model.eval()  # dropout off: it would count as flips
     shape = images.shape[1:]
 
@@ -537,15 +504,13 @@ def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, po
             out["patch", sigma] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions, seed=seed)
         if "scattered" in masks:  # the authors' released estimator, the same number of evaluations
             out["scattered", sigma] = scattered_sensitivity(model, images, patch, sigma, T * reps, seed)
-        if "global" in masks:  # App. A.2: T patches' worth of noise energy spread over the whole image
+        if "global" in masks:  # App. A.2: one patch's noise energy (std sigma / sqrt(T)) over the whole image
             out["global", sigma] = sensitivity(g, images.flatten(1)[:, None], gaussian(sigma / math.sqrt(T)),
                                                reps=reps, seed=seed)
     return out
 
 
-def key(mask, sigma):
-    """How metrics.json names a measurement: 'patch:0.1'."""
-    return f"{mask}:{sigma:g}"
+key = "{}:{:g}".format  # key(mask, sigma): how metrics.json names a measurement, 'patch:0.1'
 
 
 def scattered_copies(images, p, sigma, draws, generator):
@@ -553,32 +518,31 @@ def scattered_copies(images, p, sigma, draws, generator):
     channel of the pixels of mask d, shared by the batch, which p^2 (row, column) pairs drawn with replacement
     switch on (the authors' mask; a repeated pair makes it fewer pixels). Returns (copies, masks (draws, H, W))."""
     B, C, H, W = images.shape
-    rows = torch.randint(H, (draws, p * p), generator=generator, device=images.device)
-    cols = torch.randint(W, (draws, p * p), generator=generator, device=images.device)
+    rows = torch.randint(H, (draws, p * p), generator=generator, device=images.device)  # p^2 pixels per draw,
+    cols = torch.randint(W, (draws, p * p), generator=generator, device=images.device)  # drawn with replacement
     masks = torch.zeros(draws, H * W, dtype=torch.bool, device=images.device)
-    masks.scatter_(1, rows * W + cols, True)
-    masks = masks.view(draws, 1, 1, H, W)
+    masks.scatter_(1, rows * W + cols, True)  # a repeated (row, column) pair switches one pixel on once
+    masks = masks.view(draws, 1, 1, H, W)  # broadcast over the batch and the channels
     noise = sigma * torch.randn((draws, B, C, H, W), generator=generator, device=images.device)
     return (images + noise * masks).view(draws * B, C, H, W), masks.view(draws, H, W)
 
 
 @torch.no_grad()
 def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100):
-    """The estimator of the authors' released code, for comparison (not the paper's definition): per batch of 100
-    images, `draws` masks of p^2 scattered pixels, each shared by the batch. Same number of evaluations as the patch
-    mask when draws = T * reps. Returns a Sensitivity (per_position: the one overall rate)."""
+    """The authors' released estimator, for comparison (not the paper's definition): per batch of 100 images,
+    `draws` masks of p^2 scattered pixels, each shared by the batch. Returns a Sensitivity (one position)."""
     gen = torch.Generator(images.device).manual_seed(seed)
     per_call = max(1, 2048 // batch)  # draws per forward pass
-    flips = torch.zeros(len(images), dtype=torch.long, device=images.device)
-    for i in range(0, len(images), batch):
+    flips = torch.zeros(len(images), dtype=torch.long, device=images.device)  # per image, over all its draws
+    for i in range(0, len(images), batch):  # the authors' batches of 100: each mask is shared by a batch
         xb = images[i:i + batch]
-        clean = predict(model(xb), len(xb))
+        clean = predict(model(xb), len(xb))  # the unperturbed predictions
         for d in range(0, draws, per_call):
             n = min(per_call, draws - d)
             out = model(scattered_copies(xb, p, sigma, n, gen)[0]).float()
             if not_finite(out):
                 raise ValueError("the model returned non-finite outputs on perturbed copies")
-            flips[i:i + batch] += (predict(out, n * len(xb)).view(n, len(xb)) != clean).sum(0)
+            flips[i:i + batch] += (predict(out, n * len(xb)).view(n, len(xb)) != clean).sum(0)  # (draws, B) -> (B,)
     return summarise(flips[:, None], torch.full_like(flips[:, None], draws), len(images) * draws)
 
 
@@ -587,7 +551,7 @@ def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100):
 
 
 def lr_at(epoch, base, schedule, epochs):
-    """Learning rate during (fractional) epoch `epoch`."""
+    """Learning rate during (fractional) epoch `epoch` of `epochs`."""
     if schedule == "step":
         return base * 0.5 ** (int(epoch) // 8)  # the authors' StepLR(step_size=8, gamma=0.5)
     if schedule == "cosine":
@@ -596,7 +560,7 @@ def lr_at(epoch, base, schedule, epochs):
 
 
 def cross_entropy(model, images, labels):
-    return F.cross_entropy(model(images).float(), labels)
+    return F.cross_entropy(model(images).float(), labels)  # the paper's objective; robustness.py adds others
 
 
 def make_optimizer(name, model, args):
@@ -607,12 +571,10 @@ def make_optimizer(name, model, args):
     return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
 
 
-def train(name, seed, args, data, results, device, *, run=None, loss_fn=cross_entropy, noise_generators=()):
-    """Train one model, evaluating it every --eval-every epochs and at the end, then measure the final model under
-    every --mask (and the --sweep). `run` names it in metrics.json (default Run(name, seed)); loss_fn(model, images,
-    labels) is the objective, and noise_generators the generators it draws from, which checkpoints keep
-    (robustness.py's training variants). Returns the model, or None if its loss diverged (metrics.json then marks
-    the run) or if a resumed run had already finished."""
+def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_entropy, noise_generators=()):
+    """Train one model, evaluating it every --eval-every epochs and at the end; measure the final one under every
+    --mask. robustness.py passes its run name, objective loss_fn(model, images, labels) and the generators that draws
+    from (checkpoints keep them). Returns the model; None if it diverged (marked in metrics.json) or was done."""
     channels, size, classes, _ = DATASETS[args.dataset]
     run = run or Run(name, seed)
     if results.finished(run):
@@ -621,12 +583,12 @@ def train(name, seed, args, data, results, device, *, run=None, loss_fn=cross_en
     model = build_model(name, args, channels, size, classes).to(device)
     print(f"{run}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     opt = make_optimizer(name, model, args)
-    base_lr = opt.param_groups[0]["lr"]
+    base_lr = opt.param_groups[0]["lr"]  # the schedule scales this
     gen = torch.Generator(device).manual_seed(seed)  # the order of the images and their augmentation
     generators = [gen, *noise_generators]
     x, y = data["train_x"], data["train_y"]  # uint8 images, on the device
     sens_images = normalize(x[: args.n_sens])  # a fixed subset of the (already shuffled) training set
-    steps_per_epoch = math.ceil(len(x) / args.batch_size)
+    steps_per_epoch = math.ceil(len(x) / args.batch_size)  # the last batch of an epoch may be smaller
     num_steps = args.steps or args.epochs * steps_per_epoch  # --steps: the last epoch may be partial
     start = 0
     if snap := results.resume(run, "epoch"):  # checkpoints are taken at the end of an epoch
@@ -646,7 +608,7 @@ def train(name, seed, args, data, results, device, *, run=None, loss_fn=cross_en
             results.checkpoint(run, epoch, evaluating, args.save_every, model, opt, generators)  # for --resume
             if evaluating:
                 row = {"epoch": epoch, "step": step}
-                row["train_loss"], row["train_acc"] = evaluate(measured, x, y)
+                row["train_loss"], row["train_acc"] = evaluate(measured, x, y)  # on the whole training subset
                 if results.diverged(run, epoch, row["train_loss"], "epoch"):
                     return None
                 row["test_loss"], row["test_acc"] = evaluate(measured, data["test_x"], data["test_y"])
@@ -658,7 +620,7 @@ def train(name, seed, args, data, results, device, *, run=None, loss_fn=cross_en
                     row[f"sens@{key(mask, sigma)}"], row[f"sens_stderr@{key(mask, sigma)}"] = s.mean, s.stderr
                 row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
                 row["time"] = time.time() - t0
-                results.log(run, row)
+                results.log(run, row)  # metrics.json is rewritten now: Ctrl-C loses nothing measured
                 print(f"{run} epoch {epoch:3d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
                       f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
                       f"{row['time']:.0f}s")
@@ -670,26 +632,26 @@ def train(name, seed, args, data, results, device, *, run=None, loss_fn=cross_en
         lr = lr_at(step // steps_per_epoch + i / steps_per_epoch, base_lr, args.schedule, num_steps / steps_per_epoch)
         for group in opt.param_groups:
             group["lr"] = lr
-        idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+        idx = perm[i * args.batch_size:(i + 1) * args.batch_size]  # this step's images: no DataLoader, no copy
         xb = augment_batch(x[idx], gen) if args.augment else x[idx]  # the whole batch: the generator stays in step
         # under torchrun every rank draws the same batch and trains on its slice of it
         mine = torch.arange(len(idx), device=device).tensor_split(world)[rank]
-        with torch.autocast("cuda", torch.bfloat16, enabled=args.amp):
-            loss = loss_fn(fwd, normalize(xb[mine]), y[idx][mine])
+        with torch.autocast("cuda", torch.bfloat16, enabled=args.amp):  # bf16 for throughput only, never to measure
+            loss = loss_fn(fwd, normalize(xb[mine]), y[idx][mine])  # uint8 -> [-1, 1] floats on the device
         opt.zero_grad(set_to_none=True)
         (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: this makes it the batch mean
         opt.step()
-    # the final model under every mask and, with --sweep, at every sigma of the sweep; what the last evaluation
-    # measured is the same noise on the same model, so it is reused
+    # the final model under every mask (and the --sweep); what the last evaluation measured is reused
     sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
     for mask in args.mask:
         todo = [s for s in sigmas if (mask, s) not in sens]
         sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
                                         seed=args.sens_seed, reps=args.reps, positions=args.sens_positions))
-    sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0][0]), kv[0][1])))
+    sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
                                  "step"]}
     final["sens_at"] = {key(*k): {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()}
+    # per image, for the paired differences between models (the same images and noise for every model and seed)
     final["per_image"] = {key(*k): [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()}
     if args.match_acc:  # App. A.1: compare models at equal train accuracy, not at equal time
         keys = [f"sens@{key(*k)}" for k in sens if f"sens@{key(*k)}" in row]
@@ -714,7 +676,7 @@ def main(args):
         with results.recording():  # Ctrl-C or SIGTERM: metrics kept, checkpoint written
             for name in args.model:
                 for seed in args.seeds:
-                    model = train(name, seed, args, data, results, device)
+                    model = train(name=name, seed=seed, args=args, data=data, results=results, device=device)
                     if model is not None and args.save_model and results.write:  # for robustness.py --from-vision
                         torch.save(model.state_dict(), os.path.join(folder, f"{name}-seed{seed}.pt"))
             # every model against the first ViT: paired differences per image and seed, crossover sigmas

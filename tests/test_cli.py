@@ -68,7 +68,7 @@ BAD = [
     ("vision", ["--device", "tpu"], "--device"),
     ("report", ["/no/such/run"], "/no/such/run: no such run folder"),
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
-    ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<rate>), got inf"),
+    ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
     ("vision", ["--activation", "sigmoid"], "unrecognized arguments: --activation"),
     ("vision", ["--split-seed", "1"], "unrecognized arguments: --split-seed"),

@@ -124,9 +124,11 @@ def test_right_aligned_profile_counts_from_the_end():
     tokens = torch.full((4, 10), language.PAD)
     for i, n in enumerate([3, 5, 8, 10]):
         tokens[i, :n] = 5
-    right, right_pairs = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "right", seed=0)
+    right, right_pairs = language.measure_sensitivity(LastToken(), tokens, sigma=1.0, reps=50, positions=None,
+                                                             align="right", seed=0)
     assert right.per_position[-1] > 0.2 and (right.per_position[:-1] == 0).all()
-    left, left_pairs = language.measure_sensitivity(LastToken(), tokens, 1.0, 50, None, "left", seed=0)
+    left, left_pairs = language.measure_sensitivity(LastToken(), tokens, sigma=1.0, reps=50, positions=None,
+                                                           align="left", seed=0)
     assert set(torch.nonzero(left.per_position > 0).flatten().tolist()) == {2, 4, 7, 9}
     assert right_pairs.tolist() == [1, 1, 2, 2, 2, 3, 3, 4, 4, 4]  # pairs of lengths 3, 5, 8, 10 reaching each column
     assert left_pairs.tolist() == right_pairs.flip(0).tolist()
@@ -188,8 +190,9 @@ def test_prefix_cache_gives_exactly_the_uncached_sensitivity(name, attn, fused):
     tokens[torch.arange(40) >= torch.randint(5, 41, (30, 1), generator=torch.Generator().manual_seed(2))] = language.PAD
     for align in ["right", "left"]:
         for positions in [None, 3]:
-            cached, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0)
-            full, _ = language.measure_sensitivity(model, tokens, 2.0, 2, positions, align, seed=0, prefix_cache=False)
+            kw = dict(sigma=2.0, reps=2, positions=positions, align=align, seed=0)
+            cached, _ = language.measure_sensitivity(model, tokens, **kw)
+            full, _ = language.measure_sensitivity(model, tokens, **kw, prefix_cache=False)
             assert torch.equal(cached.per_input, full.per_input) and cached.evaluations == full.evaluations
             if positions is not None:  # k sampled positions per pair and draw
                 assert cached.evaluations == len(tokens) * positions * 2

@@ -461,7 +461,7 @@ def test_training_loop_learns_a_separable_task(tmp_path):
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "5",
                               "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "5"])
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
-    vision.train("mlp", 0, args, data, results, torch.device("cpu"))
+    vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
     first, last = results.data["runs"]["mlp/seed0"]["history"]
     assert first["train_acc"] < 0.7 and last["train_acc"] == 1.0 and last["train_loss"] < first["train_loss"] / 4
 
