@@ -4,20 +4,17 @@ Sensitivity (Def. 4.1, Eq. 2 of Vasudeva et al., ICLR 2025) of a classifier f on
 
     S(f) = E_x (1/T) sum_t E_noise 1[argmax f(x) != argmax f(x with token t perturbed)]
 
-For +-1 bits with perturb = flip() this is the Boolean average sensitivity of Eq. 1 divided by n.
-
-The estimator never materialises the N*T*reps perturbed copies: it enumerates (input, position, draw) jobs
-arithmetically, builds `batch_size` perturbed copies at a time on the device, and accumulates the flip counts on
-the device, so memory is bounded by one chunk and the loop never waits for the host.
+For +-1 bits with perturb = flip() this is the Boolean average sensitivity of Eq. 1 divided by n. The estimator never
+materialises the N*T*reps perturbed copies: it builds `batch_size` of them at a time on the device and counts their
+flips there, so memory is one chunk and the loop never waits for the host. It needs torch alone; from another folder,
+put this repository on the path (PYTHONPATH=/path/to/repo python mine.py):
 
     s = sensitivity(lambda xb, idx: model(unpatchify(xb, 4, images.shape[1:])), patchify(images, 4), gaussian(0.1))
     print(f"{s.mean:.4f} +- {s.stderr:.4f}")
-
-It needs torch alone. From another folder: put this repository on the path (PYTHONPATH=/path/to/repo python mine.py,
-or sys.path.insert(0, "/path/to/repo")) and `from common import sensitivity, gaussian, patchify, unpatchify`.
 """
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +25,8 @@ import torch
 
 def gaussian(sigma):
     """Add isotropic noise N(0, sigma^2 I); sigma is a standard deviation."""
+    if not isinstance(sigma, numbers.Real):
+        raise TypeError(f"sigma must be a number (a standard deviation), got {type(sigma).__name__}")
     if not 0 <= sigma < math.inf:  # also rejects NaN
         raise ValueError(f"sigma must be a finite standard deviation >= 0, got {sigma}")
 
@@ -40,10 +39,12 @@ def gaussian(sigma):
 
 def replace(vocab):
     """Replace the token by a uniformly random row of the (V, D) vocabulary (the synthetic task's P)."""
-    if vocab.ndim != 2 or len(vocab) == 0:
-        raise ValueError(f"vocab must be a non-empty (V, D) tensor, got shape {tuple(vocab.shape)}")
+    if not isinstance(vocab, torch.Tensor) or vocab.ndim != 2 or len(vocab) == 0:
+        raise ValueError(f"vocab must be a non-empty (V, D) tensor, got {getattr(vocab, 'shape', type(vocab))}")
 
     def perturb(tokens, generator):
+        if vocab.shape[1] != tokens.shape[1]:
+            raise ValueError(f"replace: vocab rows have width {vocab.shape[1]}, the tokens of x {tokens.shape[1]}")
         i = torch.randint(len(vocab), (len(tokens),), generator=generator, device=vocab.device)  # one row per copy
         return vocab[i].to(tokens.device, tokens.dtype)  # possibly the token itself: a replacement that changes nothing
 
@@ -69,15 +70,17 @@ class Sensitivity:
 
 
 def predict(out, rows):
-    """Class labels from f's output, read by its shape and dtype: (B, C >= 2) logits -> argmax; (B, 1) or a floating
-    (B,) score -> the binary class score > 0; an integer or bool (B,) -> the labels themselves."""
+    """Class labels from f's output, read by its shape and dtype: (B, C >= 2) logits -> argmax; a floating (B, 1) or
+    (B,) score -> score > 0; integer or bool (B,) or (B, 1) -> the labels themselves."""
+    if not isinstance(out, torch.Tensor):  # a tuple (logits, aux), a list, None: say so, not an AttributeError
+        raise TypeError(f"f must return a tensor of logits, scores or labels, got {type(out).__name__}")
     if out.ndim == 0 or out.shape[0] != rows:
         raise ValueError(f"f returned output of shape {tuple(out.shape)} for a batch of {rows} rows; it must return "
                          f"one row per input: (B, C) logits, (B, 1) or (B,) scores, or (B,) labels")
     if out.ndim == 2 and out.shape[1] >= 2:
         return out.argmax(-1)
-    if out.ndim == 2 and out.shape[1] == 1:
-        return out[:, 0] > 0
+    if out.ndim == 2 and out.shape[1] == 1:  # a score, or labels with the dimension kept (argmax(keepdim=True))
+        return out[:, 0] > 0 if out.is_floating_point() else out[:, 0]
     if out.ndim == 1:
         return out > 0 if out.is_floating_point() else out
     raise ValueError(f"f returned output of shape {tuple(out.shape)}: expected (B, C) logits, (B, 1) or (B,) scores, "
@@ -101,8 +104,7 @@ def default_batch_size(x):
 
 
 def chunk_seed(seed, chunk):
-    """The noise seed of one chunk: a fixed function of (seed, chunk), so a chunk draws the same noise whichever
-    process (rank) runs it."""
+    """The noise seed of one chunk, a function of (seed, chunk): the same noise whichever rank runs the chunk."""
     return (seed * 0x9E3779B97F4A7C15 + chunk * 0xBF58476D1CE4E5B9) % 2**63
 
 
@@ -113,16 +115,16 @@ def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=
     score > 0), or labels (B,) int/bool; idx (B,) are the rows of x the copies came from. With tell_position=True f is
     called as f(x_batch, idx, pos), pos (B,) the position each copy perturbs (None for the clean inputs), and each
     chunk's copies come sorted by position (for models that reuse the clean prefix before it). Put the model in eval
-    mode first (dropout would count as flips). mask (N, T) bool marks the positions that may be perturbed.
+    mode first. mask (N, T) bool marks the positions that may be perturbed.
     positions=None perturbs every valid position `reps` times (exact per-position profile); positions=k samples k valid
     positions per input per rep, uniformly with replacement (unbiased, cheaper for long inputs). batch_size: rows per
     chunk, default_batch_size(x) if None. seed: chunk c draws its noise from a generator seeded by (seed, c), so a
     seed gives the same noise whatever the number of ranks; None draws the seed from torch's global generator.
 
     Under torch.distributed (initialised), chunk c runs on rank c mod world_size and the counts are summed with one
-    all_reduce: every rank must call this at the same point, and all get the same result. Raises ValueError for
-    non-finite x, or when f returns non-finite values or the wrong number of rows.
-    """
+    all_reduce: every rank calls this at the same point, and all get the same result. Bad arguments raise TypeError
+    or ValueError naming them; so do f returning non-finite values, the wrong number of rows, or different predictions
+    for the same inputs (a model in train mode)."""
     rank, world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -141,6 +143,12 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     """The work of `sensitivity` for one rank of `world`: the (N, T) flip and trial counts of the chunks c with
     c mod world == rank, and the total number of perturbed evaluations (all ranks). Summing the counts of ranks
     0..world-1 gives exactly the single-process counts."""
+    for name, v, kind in [("x", x, torch.Tensor), ("mask", mask, (torch.Tensor, type(None))), ("reps", reps, int),
+                          ("positions", positions, (int, type(None))), ("batch_size", batch_size, (int, type(None)))]:
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise TypeError(f"{name} must be {'a torch.Tensor' if name in ('x', 'mask') else 'an integer'}, got {v!r}")
+        if isinstance(v, int) and v < 1:  # checked here, before any work: each with its own message
+            raise ValueError(f"{name} must be >= 1{'' if name == 'reps' else ' (or None for the default)'}, got {v}")
     if x.ndim != 3 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"x must be a non-empty (N, T, D) tensor, got shape {tuple(x.shape)}")
     N, T, D = x.shape
@@ -149,13 +157,7 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     if mask.shape != (N, T):
         raise ValueError(f"mask must have shape (N, T) = {(N, T)} to match x, got {tuple(mask.shape)}")
     mask = mask.to(x.device, torch.bool)
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
-    if positions is not None and positions < 1:  # checked here, before any work: each with its own message
-        raise ValueError(f"positions must be None (all) or >= 1, got {positions}")
     batch_size = default_batch_size(x) if batch_size is None else batch_size
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 (or None for the default), got {batch_size}")
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, world), got rank {rank} of {world}")
     n_valid = mask.sum(1)  # (N,)
@@ -178,6 +180,11 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
             clean.append(predict(out, len(n)))
             bad_clean += not_finite(out)
         clean = torch.cat(clean)
+        n = torch.arange(min(batch_size, N), device=x.device)  # the first chunk again: does f give the same answer?
+        again = predict(f(x[:len(n)], n, None) if tell_position else f(x[:len(n)], n), len(n))
+        if (again != clean[:len(n)]).sum() > max(1, len(n) // 100):  # a rare near-tie may flip on a GPU, dropout not
+            raise ValueError("f gives different predictions for the same inputs: a model in train mode (dropout)? "
+                             "Call model.eval() first; its flips would count as sensitivity")
         if positions is None:
             # valid (position, input) cells in position-major order: a chunk holds copies of one or two positions
             flat_valid = mask.t().flatten().nonzero().squeeze(1)  # (V,) t*N + n
@@ -208,7 +215,10 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
             xb = torch.index_select(x, 0, n, out=buf[:len(job)])  # (B, T, D) copies of the clean inputs
             flat = xb.view(-1, D)  # (B*T, D); row b*T + t is token t of copy b
             which = torch.arange(len(job), device=x.device) * T + t
-            flat.index_copy_(0, which, perturb(flat.index_select(0, which), gen))
+            new = perturb(flat.index_select(0, which), gen)  # (B, D): each copy's one perturbed token
+            if new.shape != (len(job), D):
+                raise ValueError(f"the perturbation returned shape {tuple(new.shape)} for {(len(job), D)} tokens")
+            flat.index_copy_(0, which, new)
             out = call(xb, n, t)
             bad += not_finite(out)
             changed = predict(out, len(job)) != clean.index_select(0, n)  # Eq. 2's indicator, per copy
@@ -237,8 +247,10 @@ def summarise(flips, trials, evaluations):
 
 def patchify(images, p):
     """(B, C, H, W) -> (B, T, C*p*p), T = (H/p)*(W/p) patches in row-major grid order."""
+    if not isinstance(images, torch.Tensor) or images.ndim != 4:
+        raise ValueError(f"images must be a (B, C, H, W) tensor, got {getattr(images, 'shape', type(images))}")
     B, C, H, W = images.shape
-    if p < 1 or H % p or W % p:
+    if not isinstance(p, int) or p < 1 or H % p or W % p:
         raise ValueError(f"patch size {p} must divide the image height {H} and width {W}")
     x = images.reshape(B, C, H // p, p, W // p, p)  # (B, C, grid row, pixel row, grid column, pixel column)
     return x.permute(0, 2, 4, 1, 3, 5).reshape(B, (H // p) * (W // p), C * p * p)  # patch-major, then C, p, p
@@ -261,12 +273,11 @@ def unpatchify(tokens, p, image_shape):
 
 
 def paired_differences(per_input, reference):
-    """Paired comparisons of models measured on the same inputs with the same noise (the same `seed` argument of
-    sensitivity). per_input = {(model, seed): {key: per-input sensitivities (Sensitivity.per_input)}}, key naming
-    what was measured (say a sigma). For every model against `reference`, at each key: per seed, the mean over
-    inputs of (model - reference) with its standard error over inputs; over the seeds both have, the mean of those
-    means with its standard error over seeds (NaN with one seed). Returns {"reference": ..., "models": {model:
-    {"diff": {key: {"mean", "stderr", "seeds", "per_seed": {"seed<k>": [mean, stderr]}}}}}}."""
+    """Paired comparisons of models measured on the same inputs with the same noise (the same `seed` of sensitivity).
+    per_input = {(model, seed): {key: Sensitivity.per_input}}, key naming what was measured (a sigma, say). For every
+    model against `reference`, at each key: per seed, the mean over inputs of (model - reference) and its standard
+    error; over the seeds both have, the mean of those means and its standard error (NaN with one seed). Returns
+    {"reference", "models": {model: {"diff": {key: {"mean", "stderr", "seeds", "per_seed": {"seed<k>": [m, se]}}}}}}."""
     out = {"reference": reference, "models": {}}
     for model in dict.fromkeys(m for m, _ in per_input):
         if model == reference:

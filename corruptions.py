@@ -411,9 +411,22 @@ def frost(x, c, g, textures):
 CORRUPTIONS = {name: globals()[name] for name in SEVERITY}
 
 
+def check_corruption(name, severity):
+    """A ValueError unless name is one of the 19 corruptions and severity one of 1..5 (not an index: 0 or -1 would
+    silently mean severity 5 or 4)."""
+    if not isinstance(name, str) or name not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {name!r}; choose from {', '.join(CORRUPTIONS)}")
+    if not isinstance(severity, int) or isinstance(severity, bool) or not 1 <= severity <= 5:
+        raise ValueError(f"severity must be one of 1, 2, 3, 4, 5, got {severity!r}")
+
+
 def corrupt(images, name, severity, generator, frost_dir=None):
     """uint8 (B, C, H, W) images -> the corrupted uint8 images (rounded, as in the released files). frost_dir: the
     folder of the six frost textures (only for frost)."""
+    check_corruption(name, severity)
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
+        raise ValueError(f"images must be a uint8 (B, C, H, W) tensor, got {getattr(images, 'dtype', type(images))} "
+                         f"of shape {tuple(getattr(images, 'shape', ()))}")
     fn = CORRUPTIONS[name]
     if name == "frost":
         textures = load_frost(frost_dir)
@@ -425,6 +438,9 @@ def corrupt(images, name, severity, generator, frost_dir=None):
 def read_release(folder, name, severity, n=None):
     """The official CIFAR-10-C arrays: <name>.npy (50000, 32, 32, 3) uint8, severity s = rows (s-1)*10000 on; the
     first n of them (all by default). Returns uint8 images (n, 3, 32, 32) and int64 labels."""
+    check_corruption(name, severity)
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be None (all) or a number of images >= 1, got {n!r}")
     arrays = []
     for file in [f"{name}.npy", "labels.npy"]:
         path = os.path.join(folder, file)

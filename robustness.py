@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import report
 import vision
 from common import patchify, unpatchify
-from corruptions import EXTRA, SEVERITY, STANDARD, corrupt, load_frost, read_release
+from corruptions import EXTRA, SEVERITY, STANDARD, check_corruption, corrupt, load_frost, read_release
 from runs import (ArgumentParser, Run, add_run_flags, checked, cli, load_results, nonnegative_float, one_of, parse,
                   positive_int, ranks, seed_all, setup, start_run, subset_size)
 
@@ -97,19 +97,29 @@ class Normalize(torch.nn.Module):
 
     def __init__(self, mean, std):
         super().__init__()
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        mean, std = (torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in (mean, std))  # one per channel
+        if mean.shape != std.shape or not bool((std > 0).all() and std.isfinite().all()):
+            raise ValueError(f"Normalize needs a mean and a finite std > 0 per channel, got {mean.tolist()}, "
+                             f"{std.tolist()}")
+        self.register_buffer("mean", mean.view(1, -1, 1, 1))
+        self.register_buffer("std", std.view(1, -1, 1, 1))
 
     def forward(self, x):
-        return (x - self.mean) / self.std  # (B, C, H, W), broadcast per channel
+        if x.shape[1] != self.mean.shape[1]:  # never broadcast 1-channel images to 3 channels without a word
+            raise ValueError(f"Normalize has {self.mean.shape[1]} channels, the images {x.shape[1]}")
+        return (x - self.mean) / self.std  # (B, C, H, W), per channel
 
 
 @torch.no_grad()
 def accuracy(model, images, labels, batch_size=500):
     """Accuracy of a model of [0, 1] float images on uint8 images (eval mode)."""
     model.eval()  # uint8 -> [0, 1] floats in batches: the images stay uint8 on the device
-    correct = sum((model(images[i:i + batch_size].float() / 255).argmax(1) == labels[i:i + batch_size]).sum().item()
-                  for i in range(0, len(images), batch_size))
+    correct = 0
+    for i in range(0, len(images), batch_size):
+        out = model(images[i:i + batch_size].float() / 255)
+        if not bool(torch.isfinite(out).all()):  # a NaN model is no classifier: say so instead of scoring argmax
+            raise ValueError("the model returned non-finite outputs: no accuracy can be read from them")
+        correct += (out.argmax(1) == labels[i:i + batch_size]).sum().item()
     return correct / len(images)
 
 
@@ -120,8 +130,26 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(S
     or generated here from the clean uint8 `images` (with `labels`; for CIFAR-10 they are the release's source, so
     pass them with cifar10c_dir too for the clean accuracy). Returns {"clean_acc": on the same images (None without),
     "corruption_acc": {name: {severity: acc}}, "mean_corruption_acc": over the 15 standard corruptions measured
-    (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured}."""
-    device = next(model.parameters()).device
+    (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured}. `images` may be uint8 or floats in
+    [0, 1] (a torchvision ToTensor batch); names, severities and sizes are checked before any work."""
+    if isinstance(corruptions, str) or not all(isinstance(c, str) for c in corruptions):
+        raise TypeError(f"corruptions must be a list of names, got {corruptions!r}")
+    for name in corruptions:
+        for s in severities:
+            check_corruption(name, s)
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be None (all) or a number of images >= 1, got {n!r}")
+    if images is not None:
+        if images.is_floating_point():  # [0, 1] floats, as torchvision's ToTensor gives: back to their 8-bit values
+            if not bool(((images >= 0) & (images <= 1)).all()):
+                raise ValueError("float images must lie in [0, 1] (or pass uint8 images in 0..255)")
+            images = (images * 255).round().to(torch.uint8)
+        if labels is None or len(labels) != len(images):
+            raise ValueError(f"labels must give one label per image: {len(images)} images, "
+                             f"{None if labels is None else len(labels)} labels")
+    elif not cifar10c_dir:
+        raise ValueError("evaluate_corruptions needs the clean images to corrupt, or cifar10c_dir (the release)")
+    device = next(iter(model.parameters()), torch.empty(0)).device  # a model with no parameters runs on the CPU
     gen = torch.Generator(device).manual_seed(seed)  # the random corruptions' draws: the same for every model
     out = {"corruption_acc": {}, "clean_acc": None}
     if images is not None:

@@ -308,7 +308,7 @@ def test_a_one_token_vocabulary_is_allowed():
 
 @pytest.mark.parametrize("kwargs,message", [(dict(batch_size=0), "batch_size must be >= 1"),
                                             (dict(reps=0), "reps must be >= 1"),
-                                            (dict(positions=0), "positions must be None"),
+                                            (dict(positions=0), "positions must be >= 1"),
                                             (dict(mask=torch.zeros(4, 3, dtype=torch.bool)), "no True position")])
 def test_bad_arguments_say_what_is_wrong(kwargs, message):
     """Each bad argument is refused with its own message, before any work (not by some later failure)."""
@@ -332,3 +332,48 @@ def test_paired_differences_against_hand_computed_values():
     assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
     c = out["models"]["cnn"]["diff"]["1"]
     assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], [[[1.0]]], gaussian(1)), TypeError, "x must be a torch.Tensor"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2).numpy(), gaussian(1)), TypeError, "x must"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), mask=[[True] * 3] * 4),
+     TypeError, "mask must be a torch.Tensor"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), positions=2.5), TypeError,
+     "positions must be an integer"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), reps=1.5), TypeError,
+     "reps must be an integer"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), batch_size=2.5), TypeError,
+     "batch_size must be an integer"),
+    (lambda: gaussian("abc"), TypeError, "sigma must be a number"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), replace(torch.randn(5, 3))), ValueError,
+     "vocab rows have width 3, the tokens of x 2"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), lambda t, g: t[:, :1]), ValueError,
+     "the perturbation returned shape"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0].tolist(), torch.randn(4, 3, 2), gaussian(1)), TypeError,
+     "f must return a tensor of logits, scores or labels, got list"),
+    (lambda: sensitivity(lambda xb, i: (xb[:, 0], None), torch.randn(4, 3, 2), gaussian(1)), TypeError, "got tuple"),
+    (lambda: sensitivity(lambda xb, i: None, torch.randn(4, 3, 2), gaussian(1)), TypeError, "got NoneType"),
+    (lambda: patchify([[1.0]], 4), ValueError, "images must be a (B, C, H, W) tensor"),
+    (lambda: patchify(torch.zeros(1, 1, 8, 8), 2.5), ValueError, "patch size 2.5 must divide"),
+])
+def test_the_input_contract_names_what_is_wrong(call, error, message):
+    """Arguments of the wrong type or shape are refused at entry with a message naming the argument, not by an
+    internal TypeError, AttributeError or IndexError later."""
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value)
+
+
+def test_labels_with_a_kept_dimension_are_labels_and_a_model_in_train_mode_is_refused():
+    """f returning integer labels of shape (B, 1) (an argmax with keepdim=True) gives the same sensitivity as (B,);
+    a model whose predictions change on the same inputs (dropout left on) is refused, not measured as flips."""
+    x = torch.randn(300, 1, 1, generator=torch.Generator().manual_seed(0))
+    labels = lambda xb, idx: torch.stack([torch.zeros(len(xb)), xb[:, 0, 0]], 1).argmax(1)  # noqa: E731
+    a = sensitivity(labels, x, gaussian(1.0), reps=4, seed=0)
+    b = sensitivity(lambda xb, idx: labels(xb, idx)[:, None], x, gaussian(1.0), reps=4, seed=0)
+    assert a.mean == b.mean and a.mean > 0.1
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(4, 3)).train()
+    with pytest.raises(ValueError, match="model.eval"):
+        sensitivity(lambda xb, idx: net(xb), torch.randn(200, 2, 2), gaussian(0.0), seed=0)
+    assert sensitivity(lambda xb, idx: net.eval()(xb), torch.randn(200, 2, 2), gaussian(0.0), seed=0).mean == 0

@@ -271,3 +271,62 @@ def test_the_readme_example_evaluates_a_torchvision_model(tmp_path):
     acc = R.evaluate_corruptions(model, images, labels, cifar10c_dir=str(release), corruptions=["snow", "fog"])
     assert 0 <= acc["clean_acc"] <= 1 and 0 <= acc["mean_corruption_acc"] <= 1
     assert set(acc["corruption_acc"]["snow"]) == {"1", "2", "3", "4", "5"} and acc["mean_extra_acc"] is None
+
+
+class NoParameters(torch.nn.Module):
+    """Always class 0; no parameters."""
+
+    def forward(self, x):
+        return torch.stack([torch.ones(len(x)), torch.zeros(len(x))], 1)
+
+
+def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use():
+    """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes; a model with
+    no parameters runs; bad names, severities, sizes, labels, normalisations and NaN outputs are refused with a
+    message naming what is wrong."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (40, 3, 32, 32), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 2, (40,), generator=g)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
+    kw = dict(corruptions=["contrast", "gaussian_noise"], severities=[1, 5])
+    a = R.evaluate_corruptions(net, images, labels, **kw)
+    b = R.evaluate_corruptions(net, images.float() / 255, labels, **kw)
+    assert a == b and a["clean_acc"] is not None
+    c = R.evaluate_corruptions(NoParameters(), images, labels, **kw)
+    assert c["clean_acc"] == pytest.approx((labels == 0).sum().item() / 40)
+    bad = [(dict(corruptions="gaussian_noise"), TypeError, "corruptions must be a list of names"),
+           (dict(corruptions=["rain"]), ValueError, "unknown corruption 'rain'"),
+           (dict(severities=[0]), ValueError, "severity must be one of 1, 2, 3, 4, 5, got 0"),
+           (dict(severities=[-1]), ValueError, "got -1"), (dict(severities=[6]), ValueError, "got 6"),
+           (dict(n=-1), ValueError, "n must be None (all) or a number of images >= 1, got -1"),
+           (dict(labels=labels[:30]), ValueError, "40 images, 30 labels"),
+           (dict(images=images.float()), ValueError, "float images must lie in [0, 1]")]
+    for extra, error, message in bad:
+        args = {"images": images, "labels": labels, **kw, **extra}
+        with pytest.raises(error) as e:
+            R.evaluate_corruptions(net, args.pop("images"), args.pop("labels"), **args)
+        assert message in str(e.value), (extra, str(e.value))
+    nan = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
+    torch.nn.init.constant_(nan[1].bias, float("nan"))
+    with pytest.raises(ValueError, match="non-finite outputs"):
+        R.evaluate_corruptions(nan, images, labels, **kw)
+    for mean, std in [([0.5], [0.0]), ([0.5], [-1.0]), ([0.5, 0.5], [0.5])]:
+        with pytest.raises(ValueError, match="a finite std > 0 per channel"):
+            R.Normalize(mean, std)
+    with pytest.raises(ValueError, match="Normalize has 3 channels, the images 1"):
+        R.Normalize([0.5] * 3, [0.5] * 3)(torch.rand(2, 1, 8, 8))
+
+
+def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path):
+    """Severity 0 or -1 would index the table from its end (severity 5 or 4) and 6 past it: each is refused; so
+    are n = 0 and float images for corrupt()."""
+    x = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    for s in [0, -1, 6, 2.0]:
+        with pytest.raises(ValueError, match="severity must be one of 1, 2, 3, 4, 5"):
+            C.corrupt(x, "contrast", s, torch.Generator())
+        with pytest.raises(ValueError, match="severity must be one of"):
+            C.read_release(str(tmp_path), "contrast", s)
+    with pytest.raises(ValueError, match="n must be None"):
+        C.read_release(str(tmp_path), "contrast", 1, n=0)
+    with pytest.raises(ValueError, match="must be a uint8"):
+        C.corrupt(x.float() / 255, "contrast", 1, torch.Generator())
