@@ -63,14 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--out", type=str, default=None, help="where the figures are written (default: the first free "
                    "out/bench/bench[-k].json); an existing file is never replaced")
     args = p.parse_args(argv)
-    if args.out is None:
-        args.out, k = "out/bench/bench.json", 1
-        while os.path.exists(args.out):
-            k += 1
-            args.out = f"out/bench/bench-{k}.json"
-    if os.path.exists(args.out):
+    if args.out is not None and os.path.exists(args.out):
         p.error(f"--out {args.out} exists; bench.py never replaces a results file")
-    folder = os.path.dirname(os.path.abspath(args.out))
+    folder = os.path.dirname(os.path.abspath(args.out or "out/bench/bench.json"))
     try:  # checked before the benchmarks run, not after
         os.makedirs(folder, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
@@ -399,7 +394,32 @@ def bench_memory(device):
     return {"est_1e6_mem_mb": peak}
 
 
+def reserve(path):
+    """Create the results file, empty, with O_EXCL before anything runs: two bench.py runs at once never pick the
+    same file (without --out, the first free out/bench/bench[-k].json), and a finished run never loses to another."""
+    k = 1
+    while True:
+        candidate = path or ("out/bench/bench.json" if k == 1 else f"out/bench/bench-{k}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(candidate)), exist_ok=True)
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return candidate
+        except FileExistsError:
+            if path:
+                raise ValueError(f"--out {path} exists; bench.py never replaces a results file") from None
+            k += 1
+
+
 def main(args):
+    args.out = reserve(args.out)
+    try:
+        return run_all(args)
+    finally:
+        if os.path.getsize(args.out) == 0:  # the run stopped before its results: give the name back
+            os.remove(args.out)
+
+
+def run_all(args):
     set_threads(args.threads)
     device = get_device(args.device)
     cuda = device.type == "cuda"
@@ -427,7 +447,7 @@ def main(args):
     results.update(bench_memory(device))
     for k, v in results.items():
         print(f"{k} {v:.4g}")
-    write_json(args.out, {"env": environment(device), "args": vars(args), "results": results}, replace=False)
+    write_json(args.out, {"env": environment(device), "args": vars(args), "results": results})  # over the reservation
     print(f"wrote {args.out}")
     return results
 

@@ -435,6 +435,31 @@ def corrupt(images, name, severity, generator, frost_dir=None):
     return (x.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def check_release(folder, names, image_shape):
+    """Open every file of the release that `names` need (mapped, not read) and check it before any training: a
+    missing, unreadable or misshapen file, labels that do not match, or images of another size than image_shape
+    (C, H, W) of the dataset, are a ValueError (FileNotFoundError when missing) naming the file."""
+    C, H, W = image_shape
+    labels = None
+    for file in ["labels.npy"] + [f"{name}.npy" for name in names]:
+        path = os.path.join(folder, file)
+        try:
+            a = np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no {path}: get CIFAR-10-C from https://zenodo.org/record/2535967, or drop "
+                                    "--cifar10c-dir to generate the corruptions") from None
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{path} is present but not a readable .npy array ({e})") from None
+        if labels is None:
+            if a.ndim != 1 or len(a) % 5 or not np.issubdtype(a.dtype, np.integer):
+                raise ValueError(f"{path} holds {a.dtype} of shape {a.shape}: expected integer labels in 5 severity "
+                                 "blocks")
+            labels = a
+        elif a.shape != (len(labels), H, W, C) or a.dtype != np.uint8:
+            raise ValueError(f"{path} holds {a.dtype} of shape {a.shape}: expected uint8 {(len(labels), H, W, C)} "
+                             f"(one image per label, the dataset's {C}x{H}x{W} images)")
+
+
 def read_release(folder, name, severity, n=None):
     """The official CIFAR-10-C arrays: <name>.npy (50000, 32, 32, 3) uint8, severity s = rows (s-1)*10000 on; the
     first n of them (all by default). Returns uint8 images (n, 3, 32, 32) and int64 labels."""

@@ -175,6 +175,11 @@ def read_tsv(path, task):
         raise ValueError(f"{path} is not UTF-8 text ({e})") from None
     if not pairs:
         raise ValueError(f"{path} holds no sentence pairs")
+    with open(path, "rb") as fh:  # GLUE's files end with a newline: a last row without one was cut off
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) != b"\n":
+            raise ValueError(f"{path} ends inside its last row (line {line}): a truncated file? Replace it with a "
+                             "complete copy")
     return pairs
 
 

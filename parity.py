@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import report
 from common import flip, sensitivity
-from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_float, positive_int,
-                  restore, seed, seed_all, setup, start_run)
+from runs import (ArgumentParser, Run, add_run_flags, cli, given, nonnegative_float, parse, positive_float,
+                  positive_int, restore, seed, seed_all, setup, start_run)
 
 # (train samples, batch size, embedding dim, lr, seed): the six settings of the grid [decided]. With n = 20, k = 3,
 # batch 64 at lr 1e-3 did not learn in 15,000 steps on our CPU; batch 256 with AdamW weight decay 0.1 did in 6,000.
@@ -68,6 +68,8 @@ def parse_args(argv=None):
                    help="training inputs the train accuracy/loss is measured on (default: 2000, or all if fewer)")
     add_run_flags(p, unit="steps", default_name="n<n>-k<k>-setting<s> or n<n>-k<k>-all")
     args = parse(p, "parity", argv)
+    if args.all_settings and given(argv, "--setting"):
+        p.error("--all-settings runs all six settings: drop --setting, or drop --all-settings")
     if not 1 <= args.k <= args.n:
         p.error(f"need 1 <= --k <= --n, got --k {args.k} --n {args.n}")
     for s in list(SETTINGS) if args.all_settings else [args.setting]:

@@ -28,9 +28,10 @@ import torch.nn.functional as F
 import report
 import vision
 from common import patchify, unpatchify
-from corruptions import EXTRA, SEVERITY, STANDARD, check_corruption, corrupt, load_frost, read_release
-from runs import (ArgumentParser, Run, add_run_flags, checked, cli, load_results, nonnegative_float, one_of, parse,
-                  positive_int, ranks, seed_all, setup, start_run, subset_size)
+from corruptions import (EXTRA, SEVERITY, STANDARD, check_corruption, check_release, corrupt, load_frost,
+                         read_release)
+from runs import (ArgumentParser, Run, add_run_flags, checked, cli, given, load_results, nonnegative_float, one_of,
+                  parse, positive_int, ranks, seed_all, setup, start_run, subset_size)
 
 # -----------------------------------------------------------------------------
 # training objectives and sharpness
@@ -223,18 +224,20 @@ def parse_args(argv=None):
     vision.check_flags(p, args)
     if args.corruptions is None:
         args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
+    if args.paper_fig9 and given(argv, "--model", "--variants"):
+        p.error("--paper-fig9 trains the six models of Fig. 9: drop --model and --variants, or drop --paper-fig9")
     if args.paper_fig9:  # the models and variants Fig. 9 needs, for the data and the checks below
         args.model = list(dict.fromkeys(m for m, _ in FIG9))
         args.variants = list(dict.fromkeys(v for _, v in FIG9))
     if args.cifar10c_dir and not os.path.isdir(args.cifar10c_dir):
         p.error(f"--cifar10c-dir {args.cifar10c_dir}: no such folder (get CIFAR-10-C from "
                 "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
-    if args.cifar10c_dir:  # checked before any training
-        missing = [f for f in ["labels.npy"] + [f"{c}.npy" for c in args.corruptions]
-                   if not os.path.isfile(os.path.join(args.cifar10c_dir, f))]
-        if missing:
-            p.error(f"--cifar10c-dir {args.cifar10c_dir}: no {', '.join(missing)} there (get CIFAR-10-C from "
-                    "https://zenodo.org/record/2535967, or leave the flag out to generate the corruptions)")
+    if args.cifar10c_dir:  # every file opened and checked before any training
+        channels, size = vision.DATASETS[args.dataset][:2]
+        try:
+            check_release(args.cifar10c_dir, args.corruptions, (channels, size, size))
+        except (FileNotFoundError, ValueError) as e:
+            p.error(f"--cifar10c-dir: {e}")
     elif "frost" in args.corruptions:
         try:
             load_frost(args.frost_dir)
@@ -318,7 +321,7 @@ def main(args):
                 else:  # trained here, with the variant's objective, through vision.py's own loop
                     model = vision.train(name=model_name, seed=seed, args=args, data=data, results=results,
                                          device=device, run=run, loss_fn=make_loss(variant, args, gen),
-                                         noise_generators=[gen])
+                                         noise_generators=[gen], done_when="corruption_acc")
                     if model is None:  # diverged: marked in metrics.json, nothing to measure
                         continue
                 final = evaluate_model(model, args, data, seed)  # sensitivity, corruptions, sharpness

@@ -144,6 +144,12 @@ def parse(p, script, argv=None):
     return p.parse_args(argv)
 
 
+def given(argv, *flags):
+    """Whether the command line names one of the flags (--flag or --flag=value)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return any(a.split("=")[0] in flags for a in argv)
+
+
 def subset_size(flag, n, available, what):
     """n, or all `available` when n is None; a ValueError naming the flag when n asks for more than there are."""
     if n is None:
@@ -381,6 +387,9 @@ def load_results(path, script=None):
         raise ValueError(f"{path} is not a valid metrics.json ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
         raise ValueError(f"{path} is not a metrics.json written by this repository (no 'runs' mapping)")
+    for run, r in data["runs"].items():  # a hand-edited file: say which run lacks what, not a KeyError later
+        if not isinstance(r, dict) or not isinstance(r.get("history"), list) or not isinstance(r.get("final"), dict):
+            raise ValueError(f"{path}: run {run!r} needs a 'history' list and a 'final' mapping")
     if script is not None and data.get("script", script) != script:
         raise ValueError(f"{path} was written by {data['script']}.py, not {script}.py")
     return data
@@ -448,10 +457,15 @@ def snapshot(step, model, opt, generators=(), **extra):
 
 
 def restore(snap, model, opt, generators=()):
-    """Put a snapshot back: training then continues exactly as the interrupted run would have."""
-    model.load_state_dict(snap["model"])
-    opt.load_state_dict(snap["optimizer"])
-    set_rng_state(snap["rng"], generators)
+    """Put a snapshot back: training then continues exactly as the interrupted run would have. A snapshot that does
+    not fit the model or optimizer (written with other flags) is a ValueError that says so."""
+    try:
+        model.load_state_dict(snap["model"])
+        opt.load_state_dict(snap["optimizer"])
+        set_rng_state(snap["rng"], generators)
+    except (RuntimeError, ValueError, KeyError, IndexError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"checkpoint.pt does not fit this run's model and optimizer ({first})") from None
     return snap["step"]
 
 
@@ -504,8 +518,11 @@ class Results:
                 try:
                     saved = torch.load(ckpt, map_location=device, weights_only=False)
                     self.resume_point = saved["run"], saved["state"]
-                except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as e:
+                except (RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError) as e:
                     raise ValueError(f"{ckpt} is not a readable checkpoint ({e})") from None
+                if self.resume_point[0] not in self.data["runs"]:  # copied from another folder: never ignored silently
+                    raise ValueError(f"{ckpt} holds run {self.resume_point[0]}, which this folder's metrics.json does "
+                                     "not have: it is another run's checkpoint")
         else:
             self.data = {"script": script, "args": dict(args), "env": environment(device), "runs": {}}
         self.save()
@@ -584,7 +601,8 @@ class Results:
     @contextlib.contextmanager
     def recording(self):
         """Ctrl-C or SIGTERM inside marks metrics.json "interrupted": true and writes the latest training state to
-        checkpoint.pt before it propagates (cli() then exits 130 or 143); `--resume <folder>` continues from there."""
+        checkpoint.pt before it propagates (cli() then exits 130 or 143); so does an error (a file found damaged
+        after training, say), without the mark. `--resume <folder>` continues from there."""
         try:
             yield self
         except KeyboardInterrupt as e:
@@ -592,6 +610,9 @@ class Results:
             self.save()
             self.write_checkpoint()
             raise type(e)(self.path) from None
+        except Exception:
+            self.write_checkpoint()
+            raise
 
     def save(self):
         if self.write:

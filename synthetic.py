@@ -72,6 +72,10 @@ def parse_args(argv=None):
     g.add_argument("--reps", type=positive_int, default=2, help="random replacements per (sequence, position)")
     add_run_flags(p, unit="steps", default_name="cases, or fig12 with --fig12", device="cpu")  # tiny: cpu is fastest
     args = parse(p, "synthetic", argv)
+    d = 2 * args.sparse_set + 2 * args.frequent_set + args.irrelevant_set  # the one-hot width
+    if max(args.n_train, args.n_test) * args.n * d * 4 > 2**32:  # evaluation holds a set's one-hot tokens at once
+        p.error(f"--n-train {args.n_train} / --n-test {args.n_test} sequences of {args.n} one-hot tokens of width {d} "
+                "would take over 4 GB to evaluate: use fewer")
     if args.n_sens > args.n_train:
         p.error(f"--n-sens {args.n_sens} asks for more than the --n-train {args.n_train} training sequences")
     try:

@@ -571,13 +571,15 @@ def make_optimizer(name, model, args):
     return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
 
 
-def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_entropy, noise_generators=()):
+def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_entropy, noise_generators=(),
+          done_when=None):
     """Train one model, evaluating it every --eval-every epochs and at the end; measure the final one under every
-    --mask. robustness.py passes its run name, objective loss_fn(model, images, labels) and the generators that draws
-    from (checkpoints keep them). Returns the model; None if it diverged (marked in metrics.json) or was done."""
+    --mask. robustness.py passes its run name, objective loss_fn(model, images, labels), the generators that draws
+    from (checkpoints keep them) and the final key that marks its run done. Returns the model; None if it diverged
+    (marked in metrics.json) or was done."""
     channels, size, classes, _ = DATASETS[args.dataset]
     run = run or Run(name, seed)
-    if results.finished(run):
+    if results.finished(run, done_when):  # a resumed run that got that far: nothing to do
         return None
     seed_all(seed)  # the initialisation depends on the seed alone
     model = build_model(name, args, channels, size, classes).to(device)

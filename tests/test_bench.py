@@ -22,3 +22,13 @@ def test_one_tiny_round_gives_every_figure(tmp_path):
         assert math.isfinite(results[name]) and results[name] > 0, name
     assert math.isfinite(results["est_1e6_mem_mb"]) and results["est_1e6_mem_mb"] >= 0
     assert json.loads(out.read_text())["results"] == pytest.approx(results)
+
+
+def test_two_runs_at_once_never_share_a_results_file(tmp_path, monkeypatch):
+    """The results file is reserved (created with O_EXCL) before anything runs: a second run at the same moment
+    takes the next free name, and a named --out that another run holds is refused before any benchmark."""
+    monkeypatch.chdir(tmp_path)
+    first, second = bench.reserve(None), bench.reserve(None)
+    assert (first, second) == ("out/bench/bench.json", "out/bench/bench-2.json")
+    with pytest.raises(ValueError, match="never replaces"):
+        bench.reserve(first)

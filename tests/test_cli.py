@@ -58,6 +58,12 @@ BAD = [
     ("vision", ["--seeds", "-1"], "--seeds must be a seed in [0, 2^63)"),
     ("vision", ["--sens-seed", str(2**64)], "--sens-seed must be a seed in [0, 2^63)"),  # not silently seed 0
     ("vision", ["--run-name", "../x"], "--run-name must be a plain folder name"),
+    ("vision", ["--run-name", "/tmp/x"], "--run-name must be a plain folder name"),
+    ("vision", ["--dataset", "fake28", "--augment"], "--augment (crops padded by 4, flips) is for the 32x32 datasets"),
+    ("grokking", ["--threads", "100000"], "--threads 100000 is more than 4x the"),
+    ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
+    ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
+    ("synthetic", ["--n-train", "1000000000"], "would take over 4 GB to evaluate"),
     ("vision", ["--n-train", "0"], "--n-train must be >= 1"),
     ("vision", ["--n-train", "-5"], "--n-train must be >= 1"),
     ("vision", ["--n-test", "0"], "--n-test must be >= 1"),
@@ -277,3 +283,85 @@ def test_bench_checks_its_output_before_running(tmp_path, capsys):
     assert code == 2 and "never replaces" in err
     code, err = run("bench", ["--out", str(tmp_path / "taken.json" / "b.json")], capsys)  # a file as the folder
     assert code == 2 and "cannot write" in err
+
+
+def test_a_damaged_or_misshapen_release_is_refused_before_training(tmp_path, capsys):
+    """--cifar10c-dir: every file the corruptions need is opened and checked up front: a corrupt .npy, images of the
+    wrong shape or dtype, or a 28x28 dataset against the 32x32 release are one line and exit 2, before any training."""
+    import numpy as np
+
+    release = tmp_path / "C"
+    release.mkdir()
+    np.save(release / "labels.npy", np.zeros(10, dtype=np.int64))
+    np.save(release / "contrast.npy", np.zeros((10, 32, 32, 3), dtype=np.uint8))
+    (release / "snow.npy").write_bytes(b"\x93NUMPY garbage")
+    np.save(release / "fog.npy", np.zeros((10, 32, 32), dtype=np.uint8))
+    base = ["--dataset", "fake", "--cifar10c-dir", str(release), "--out-dir", str(tmp_path)]
+    for corruptions, dataset, message in [(["contrast", "snow"], "fake", "snow.npy is present but not a readable"),
+                                          (["fog"], "fake", "fog.npy holds uint8 of shape (10, 32, 32)"),
+                                          (["contrast"], "fake28", "the dataset's 1x28x28 images")]:
+        code, err = run("robustness", base + ["--corruptions", *corruptions, "--dataset", dataset], capsys)
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "robustness").exists()  # refused before a run folder was made
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_is_not_the_runs_is_refused(tmp_path, capsys, monkeypatch):
+    """--resume with a checkpoint.pt of another run (copied from another folder), or of the same run name written
+    with other flags (its shapes do not fit), is one line and exit 2, never a silent restart or a traceback."""
+    import shutil
+
+    small = ["--steps", "4", "--eval-every", "2", "--seeds", "0", "--n-train", "100", "--n-test", "20", "--n-sens",
+             "10", "--out-dir", str(tmp_path)]
+    real, calls = torch.Tensor.backward, []
+
+    def ctrl_c_on_third(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_third)
+    assert run("synthetic", small + ["--case", "frequent-lower", "--run-name", "a"], capsys)[0] == 130
+    monkeypatch.undo()
+    synthetic.main(synthetic.parse_args(small + ["--case", "sparse-lower", "--run-name", "b"]))
+    shutil.copy(tmp_path / "synthetic" / "a" / "checkpoint.pt", tmp_path / "synthetic" / "b")
+    code, err = run("synthetic", ["--resume", str(tmp_path / "synthetic" / "b")], capsys)
+    assert code == 2 and "another run's checkpoint" in err, err
+    path = tmp_path / "synthetic" / "a" / "metrics.json"
+    data = json.loads(path.read_text())
+    data["args"]["dim_head"] = 8  # as if this folder had been written with other flags
+    path.write_text(json.dumps(data))
+    code, err = run("synthetic", ["--resume", str(tmp_path / "synthetic" / "a")], capsys)
+    assert code == 2 and "checkpoint.pt does not fit this run's model" in err, err
+
+
+def test_a_checkpoint_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
+    """A full disk or a file-size cap while saving the checkpoint: an OSError naming the file, no .tmp left."""
+    from runs import Results
+
+    res = Results(str(tmp_path), "synthetic", {}, "cpu")
+    model = torch.nn.Linear(2, 2)
+    res.checkpoint("x/seed0", 0, True, 0, model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def full_disk(obj, path):
+        open(path, "wb").write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"could not write the checkpoint .*checkpoint.pt .*No space left"):
+        res.write_checkpoint()
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json"]
+
+
+def test_report_names_the_file_and_what_is_missing(tmp_path, capsys):
+    """report.py on a hand-edited metrics.json (a run without history, runs as a list, no script): one line naming
+    the file and what is missing, exit 2."""
+    for name, data, message in [("a", {"script": "vision", "runs": {"vit/seed0": {"final": {}}}},
+                                 "run 'vit/seed0' needs a 'history' list"),
+                                ("b", {"script": "vision", "runs": ["vit/seed0"]}, "no 'runs' mapping"),
+                                ("c", {"runs": {}}, "names no script of this repository")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(data))
+        code, err = run("report", [str(tmp_path / name)], capsys)
+        assert code == 2 and message in err and str(tmp_path / name) in err, err

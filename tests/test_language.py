@@ -141,6 +141,11 @@ def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypat
     (tmp_path / "bad.tsv").write_text("a\tb\n1\t2\n")
     with pytest.raises(ValueError, match="not a GLUE MRPC file"):
         language.read_tsv(str(tmp_path / "bad.tsv"), "mrpc")
+    write_mrpc(tmp_path / "MRPC", PAIRS, "cut.tsv")  # a download cut off inside the last sentence of the last row
+    path = tmp_path / "MRPC" / "cut.tsv"
+    path.write_text(path.read_text()[:-8])
+    with pytest.raises(ValueError, match=r"cut.tsv ends inside its last row \(line 5\)"):
+        language.read_tsv(str(path), "mrpc")
 
     def offline(*a, **k):
         raise urllib.error.URLError("no network")

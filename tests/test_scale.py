@@ -4,6 +4,7 @@ run, and a real two-process torchrun of vision.py (gloo, CPU) gives the single-p
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -41,6 +42,16 @@ RUNS = {
 }
 
 
+def write_glue(tmp_path):
+    """A tiny MRPC in GLUE's layout; returns the --data-dir."""
+    folder = tmp_path / "glue" / "MRPC"
+    folder.mkdir(parents=True)
+    for name, n in [("train.tsv", 24), ("dev.tsv", 8)]:
+        rows = [f"{i % 2}\t{i}\t{i + 1}\t{MRPC[i % 5]} {MRPC[(i * 3) % 5]}\t{MRPC[(i + 2) % 5]}" for i in range(n)]
+        (folder / name).write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n")
+    return tmp_path / "glue"
+
+
 def without_time(runs):
     """The runs' numbers as metrics.json holds them (NaN as null), minus the wall-clock times (which differ between
     any two runs)."""
@@ -58,12 +69,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
     module, argv, cut_at = RUNS[script]
     argv = argv + ["--out-dir", str(tmp_path)]
     if script == "language":
-        folder = tmp_path / "glue" / "MRPC"
-        folder.mkdir(parents=True)
-        for name, n in [("train.tsv", 24), ("dev.tsv", 8)]:
-            rows = [f"{i % 2}\t{i}\t{i + 1}\t{MRPC[i % 5]} {MRPC[(i * 3) % 5]}\t{MRPC[(i + 2) % 5]}" for i in range(n)]
-            (folder / name).write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n")
-        argv += ["--data-dir", str(tmp_path / "glue")]
+        argv += ["--data-dir", str(write_glue(tmp_path))]
     whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
 
     real, calls = torch.Tensor.backward, []
@@ -112,3 +118,55 @@ def test_torchrun_two_processes_match_one(tmp_path):
     # at initialisation the two models are the same weights: the sharded estimator gives exactly one process's counts
     assert one["history"][0]["sens"] == two["history"][0]["sens"] > 0
     assert one["history"][0]["sens_stderr"] == two["history"][0]["sens_stderr"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(RUNS))
+def test_sigterm_is_handled_as_ctrl_c(script, tmp_path, monkeypatch, capsys):
+    """SIGTERM (kill, timeout, a cluster's preemption) in the middle of training: one line on stderr, exit 143,
+    metrics.json marked interrupted with what was measured, checkpoint.pt written, so --resume can continue."""
+    module, argv, cut_at = RUNS[script]
+    argv = argv + ["--out-dir", str(tmp_path), "--run-name", "t"]
+    if script == "language":
+        argv += ["--data-dir", str(write_glue(tmp_path))]
+    real, calls = torch.Tensor.backward, []
+
+    def sigterm_on_call(self, *a, **k):
+        calls.append(1)
+        if len(calls) == cut_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "backward", sigterm_on_call)
+    with pytest.raises(SystemExit) as e:
+        cli(module.main, module.parse_args, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 143 and len(err.strip().splitlines()) == 1 and "terminated (SIGTERM)" in err, err
+    folder = tmp_path / script / "t"
+    data = json.loads((folder / "metrics.json").read_text())
+    assert data["interrupted"] is True and any(r["history"] for r in data["runs"].values())
+    assert (folder / "checkpoint.pt").exists()
+    assert signal.getsignal(signal.SIGTERM) is not None  # cli() put the previous handler back
+
+
+@pytest.mark.slow
+def test_robustness_resumed_after_an_interrupted_evaluation_is_evaluated(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the trained model's corruptions are being evaluated, then --resume: the run is evaluated (its
+    final numbers hold corruption accuracy, ShOp and ShPred) and its training is not done again."""
+    module, argv, _ = RUNS["robustness"]
+    argv = argv + ["--out-dir", str(tmp_path), "--run-name", "e"]
+    real = robustness.evaluate_corruptions
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(robustness, "evaluate_corruptions", interrupted)
+    with pytest.raises(SystemExit) as e:
+        cli(module.main, module.parse_args, argv)
+    assert e.value.code == 130
+    monkeypatch.setattr(robustness, "evaluate_corruptions", real)
+    steps = []
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: steps.append(1))
+    data = module.main(module.parse_args(["--resume", str(tmp_path / "robustness" / "e")]))
+    final = data["runs"]["vit-reg/seed0"]["final"]
+    assert {"corruption_acc", "mean_corruption_acc", "shop", "shpred", "clean_acc"} <= set(final) and not steps
