@@ -11,6 +11,7 @@ Each experiment script calls `draw` and `summary` at the end of its run; this fi
 import argparse
 import math
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -30,7 +31,8 @@ def identity(run, r):
     if "model" in r:
         return r["model"], r["seed"]
     model, _, seed = run.partition("/")
-    return model, int(seed[4:]) if seed.startswith("seed") and seed[4:].isdigit() else seed
+    number = re.fullmatch(r"seed(\d+)", seed)
+    return model, int(number[1]) if number else seed
 
 
 def models(data):

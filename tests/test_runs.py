@@ -127,9 +127,12 @@ def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch,
     folder = tmp_path / "synthetic" / "r"
     data = json.loads((folder / "metrics.json").read_text())
     del data["args"]["reps"]  # as if --reps had been added to synthetic.py after this run was written
+    data["args"]["noise"] = "uniform"  # ... and a --noise flag removed since
+    data["args"]["device"] = "cuda:7"  # the device (and threads) come from this command, never from the folder
     (folder / "metrics.json").write_text(json.dumps(data))
     capsys.readouterr()
     resumed = synthetic.main(synthetic.parse_args(["--resume", str(folder), "--threads", "1"]))
+    assert "noise" not in resumed["args"] and resumed["args"]["device"] == "cpu"
     assert "from sparse-lower/seed0's checkpoint at 2" in capsys.readouterr().out
     assert resumed["args"]["reps"] == 2 and resumed["args"]["steps"] == 6  # the new flag's default, the saved flags
     assert [h["step"] for h in resumed["runs"]["sparse-lower/seed0"]["history"]] == [0, 2, 4, 6]
@@ -207,3 +210,12 @@ def test_the_readme_snippet_runs_from_another_folder(tmp_path):
     out = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(r"sensitivity 0\.\d{4} \+- 0\.\d{4}\n", out.stdout), out.stdout
+
+
+def test_run_identity_from_fields_and_from_older_names():
+    """A run record's (model, seed) comes from its fields; records written before them are named '<model>/seed<k>'
+    (the pretrained models '<model>/pretrained')."""
+    assert report.identity("anything", {"model": "vit-reg", "seed": 2}) == ("vit-reg", 2)
+    assert report.identity("mlp-sigmoid/seed12", {}) == ("mlp-sigmoid", 12)
+    assert report.identity("convnext_tiny/pretrained", {}) == ("convnext_tiny", "pretrained")
+    assert report.identity("x/seedling", {}) == ("x", "seedling")
