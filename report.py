@@ -303,6 +303,22 @@ def draw_synthetic(data, folder, plt):
     return [save_figure(fig, f"{folder}/synthetic.png")]
 
 
+def draw_training(groups, x_key, x_label, test_title, folder, plt):
+    """sensitivity.png: sensitivity, train and test accuracy through training, one curve per model (mean over its
+    seeds, +-1 std band); groups = {model: [run records]}."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for name, runs in groups.items():
+        hists = [r["history"] for r in runs]
+        label = f"{name} ({seeds(len(runs))})"
+        for ax, key in zip(axes, ["sens", "train_acc", "test_acc"]):
+            plot_curves(ax, hists, x_key, key, label)
+    for ax, title in zip(axes, ["sensitivity (train subset)", "train accuracy", test_title]):
+        ax.set_title(title)
+        ax.set_xlabel(x_label)
+        ax.legend(fontsize=7)
+    return save_figure(fig, f"{folder}/sensitivity.png")
+
+
 def draw_vision(data, folder, plt):
     """Curves over training, sensitivity against train accuracy, the sigma sweep (Fig. 17), the per-patch maps, and
     the data-scale study."""
@@ -310,18 +326,7 @@ def draw_vision(data, folder, plt):
     groups = {m: rs for m, rs in groups.items() if rs}
     paths = []
     if groups:
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-        for name, runs in groups.items():
-            hists = [r["history"] for r in runs]
-            label = f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
-            plot_curves(axes[0], hists, "epoch", "sens", label)
-            plot_curves(axes[1], hists, "epoch", "train_acc", label)
-            plot_curves(axes[2], hists, "epoch", "test_acc", label)
-        for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test accuracy"]):
-            ax.set_title(t)
-            ax.set_xlabel("epoch")
-            ax.legend(fontsize=7)
-        paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
+        paths.append(draw_training(groups, "epoch", "epoch", "test accuracy", folder, plt))
         fig, ax = plt.subplots(figsize=(5, 4))  # App. A.1: compare at equal train accuracy
         for i, (name, runs) in enumerate(groups.items()):
             for j, r in enumerate(runs):
@@ -404,17 +409,8 @@ def draw_language(data, folder, plt):
     groups = {m: rs for m, rs in groups.items() if rs}
     if not groups:
         return []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for name, runs in groups.items():
-        hists = [r["history"] for r in runs]
-        plot_curves(axes[0], hists, "examples", "sens", f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-        plot_curves(axes[1], hists, "examples", "train_acc", name)
-        plot_curves(axes[2], hists, "examples", "test_acc", name)
-    for ax, t in zip(axes, ["sensitivity (train subset)", "train accuracy", "test (GLUE validation) accuracy"]):
-        ax.set_title(t)
-        ax.set_xlabel("training examples seen")
-        ax.legend(fontsize=7)
-    paths = [save_figure(fig, f"{folder}/sensitivity.png")]
+    paths = [draw_training(groups, "examples", "training examples seen", "test (GLUE validation) accuracy", folder,
+                           plt)]
     done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
     aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
     if aligns:  # Fig. 7 right: the per-position profile of the final models, mean over seeds

@@ -9,15 +9,16 @@ import stat
 import pytest
 import torch
 
+from conftest import stop_at_backward
 import bench
 import grokking
+import imagenet
 import language
 import parity
+import report
 import robustness
 import synthetic
 import vision
-import imagenet
-import report
 from runs import ArgumentParser, cli
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
@@ -196,16 +197,7 @@ def test_a_diverged_run_exits_3_and_keeps_its_metrics(script, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
-    real = torch.Tensor.backward
-    calls = []
-
-    def interrupted_on_third_epoch(self, *a, **k):  # one SGD step per epoch: 100 images, batches of 100
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.Tensor, "backward", interrupted_on_third_epoch)
+    stop_at_backward(monkeypatch, 3)  # the third epoch: one SGD step per epoch (100 images, batches of 100)
     argv = ["--dataset", "fake28", "--model", "mlp", "--epochs", "10", "--eval-every", "1", "--n-train", "100",
             "--n-test", "20", "--n-sens", "5", "--mlp-hidden", "16", "--out-dir", str(tmp_path), "--run-name", "c"]
     code, err = run("vision", argv, capsys)
@@ -313,15 +305,7 @@ def test_a_checkpoint_that_is_not_the_runs_is_refused(tmp_path, capsys, monkeypa
 
     small = ["--steps", "4", "--eval-every", "2", "--seeds", "0", "--n-train", "100", "--n-test", "20", "--n-sens",
              "10", "--out-dir", str(tmp_path)]
-    real, calls = torch.Tensor.backward, []
-
-    def ctrl_c_on_third(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_third)
+    stop_at_backward(monkeypatch, 3)
     assert run("synthetic", small + ["--case", "frequent-lower", "--run-name", "a"], capsys)[0] == 130
     monkeypatch.undo()
     synthetic.main(synthetic.parse_args(small + ["--case", "sparse-lower", "--run-name", "b"]))

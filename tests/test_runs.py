@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
+from conftest import stop_at_backward
 import report
 import synthetic
 import vision
@@ -111,15 +111,7 @@ def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch,
     default, and says from which step; any flag other than --threads and --device beside --resume is refused."""
     argv = ["--case", "sparse-lower", "--seeds", "0", "--steps", "6", "--eval-every", "2", "--n-train", "100",
             "--n-test", "20", "--n-sens", "10", "--out-dir", str(tmp_path), "--run-name", "r"]
-    real, calls = torch.Tensor.backward, []
-
-    def ctrl_c_on_fourth_step(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_fourth_step)
+    stop_at_backward(monkeypatch, 4)
     with pytest.raises(SystemExit) as e:
         cli(synthetic.main, synthetic.parse_args, argv)
     assert e.value.code == 130

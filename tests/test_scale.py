@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from conftest import stop_at_backward
 import grokking
 import language
 import parity
@@ -72,15 +73,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
         argv += ["--data-dir", str(write_glue(tmp_path))]
     whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
 
-    real, calls = torch.Tensor.backward, []
-
-    def ctrl_c_on_call(self, *a, **k):
-        calls.append(1)
-        if len(calls) == cut_at:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.Tensor, "backward", ctrl_c_on_call)
+    stop_at_backward(monkeypatch, cut_at)
     with pytest.raises(SystemExit) as e:
         cli(module.main, module.parse_args, argv + ["--run-name", "cut"])
     assert e.value.code == 130 and "--resume" in capsys.readouterr().err
@@ -129,15 +122,7 @@ def test_sigterm_is_handled_as_ctrl_c(script, tmp_path, monkeypatch, capsys):
     argv = argv + ["--out-dir", str(tmp_path), "--run-name", "t"]
     if script == "language":
         argv += ["--data-dir", str(write_glue(tmp_path))]
-    real, calls = torch.Tensor.backward, []
-
-    def sigterm_on_call(self, *a, **k):
-        calls.append(1)
-        if len(calls) == cut_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(torch.Tensor, "backward", sigterm_on_call)
+    stop_at_backward(monkeypatch, cut_at, how="sigterm")
     with pytest.raises(SystemExit) as e:
         cli(module.main, module.parse_args, argv)
     err = capsys.readouterr().err
