@@ -1,9 +1,11 @@
 """Do transformers learn lower-sensitivity functions than LSTMs on text? (Sec. 6, App. A.4 of the paper.)
 
 RoBERTa-like encoders (softmax or ReLU attention), a GPT-2-like causal transformer and an LSTM, all 4 layers of width
-256, are trained from scratch on a GLUE sentence-pair task. Every model computes token embedding -> LayerNorm -> body;
-the sensitivity adds N(0, sigma^2 I) to one layer-normalised token embedding at a time (special tokens too, padding
-never) and counts how often the prediction changes, on a fixed subset of the training set, during training.
+256, are trained from scratch on a GLUE sentence-pair task (MRPC on the paper's split by default: the Microsoft
+release's 4,076 training and 1,725 test pairs; --split glue for GLUE's re-split). Every model computes token
+embedding -> LayerNorm -> body; the sensitivity adds N(0, sigma^2 I) to one layer-normalised token embedding at a time
+(special tokens too, padding never) and counts how often the prediction changes, on a fixed subset of the training
+set, during training.
 
     python language.py --data-dir GLUE --task mrpc --model roberta lstm --attn softmax relu    # the paper's Fig. 7
     python language.py --data-dir GLUE --task mrpc --model gpt2 --sigma 2                      # App. A.4 ablations
@@ -46,18 +48,25 @@ URLS = {
     "qqp": {"QQP-clean.zip": "https://dl.fbaipublicfiles.com/glue/data/QQP-clean.zip"},
 }
 COLUMNS = {"mrpc": ("#1 String", "#2 String", "Quality"), "qqp": ("question1", "question2", "is_duplicate")}
+# the (train, test) files of each split under --data-dir/<TASK>/; GLUE's test labels are hidden, so its validation
+# set is the test set
+SPLITS = {"mrpc": {"paper": ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"), "glue": ("train.tsv", "dev.tsv")},
+          "qqp": {"glue": ("train.tsv", "dev.tsv")}}
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
-    g.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ with train.tsv, dev.tsv")
+    g.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ (SPLITS below)")
+    g.add_argument("--split", type=str, default=None, choices=["paper", "glue"], help="MRPC: paper (the Microsoft "
+                   "release's own 4,076 train / 1,725 test pairs, as the paper; the default) or glue (GLUE's 3,668 / "
+                   "408 re-split); QQP: glue")
     g.add_argument("--download", action="store_true", help="fetch the official GLUE files into --data-dir first")
     g.add_argument("--n-train", type=positive_int, default=None, help="use the first this many training pairs "
                    "(default: all)")
-    g.add_argument("--n-test", type=positive_int, default=None, help="use the first this many validation pairs "
-                   "(GLUE's test labels are hidden, so validation is the test set; default: all)")
+    g.add_argument("--n-test", type=positive_int, default=None, help="use the first this many test pairs (GLUE's "
+                   "own test labels are hidden: with --split glue, its validation pairs; default: all)")
     g.add_argument("--vocab-size", type=positive_int, default=10000, help="most frequent training words kept (+ 4 "
                    "specials)")
     g.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included (>= 8)")
@@ -98,6 +107,10 @@ def parse_args(argv=None):
                    "one on the final models")
     add_run_flags(p, unit="steps", default_name="<task>-<models>")
     args = parse(p, "language", argv)
+    if args.split is None:  # a folder written before --split existed ran on GLUE's split
+        args.split = "glue" if args.resume or args.task == "qqp" else "paper"
+    if args.split not in SPLITS[args.task]:
+        p.error(f"--split {args.split}: {args.task.upper()} has {', '.join(SPLITS[args.task])}")
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
     if args.dim % args.heads and args.dim_head is None:
@@ -168,7 +181,8 @@ def read_tsv(path, task):
                     raise ValueError(f"{path} line {line}: label {row[y]!r} is not 0 or 1")
                 pairs.append((row[a], row[b], int(row[y])))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found. Put the GLUE {task.upper()} files (train.tsv, dev.tsv) in "
+        raise FileNotFoundError(f"{path} not found. Put the {task.upper()} files (SPLITS in language.py: "
+                                f"msr_paraphrase_*.txt or GLUE's train.tsv, dev.tsv) in "
                                 f"{os.path.dirname(os.path.abspath(path))}, or run with --download where there is a "
                                 "network") from None
     except UnicodeDecodeError as e:
@@ -628,10 +642,9 @@ def main(args):
     if args.download:
         download(args.task, args.data_dir)
     folder_data = os.path.join(args.data_dir, args.task.upper())
-    train = read_tsv(os.path.join(folder_data, "train.tsv"), args.task)
-    test = read_tsv(os.path.join(folder_data, "dev.tsv"), args.task)
+    train, test = (read_tsv(os.path.join(folder_data, f), args.task) for f in SPLITS[args.task][args.split])
     train = train[: subset_size("--n-train", args.n_train, len(train), f"{args.task.upper()} training pairs")]
-    test = test[: subset_size("--n-test", args.n_test, len(test), f"{args.task.upper()} validation pairs")]
+    test = test[: subset_size("--n-test", args.n_test, len(test), f"{args.task.upper()} test pairs")]
     subset_size("--n-sens", args.n_sens, len(train), "training pairs (--n-train) to measure on")
     if args.sens_test:
         subset_size("--n-sens", args.n_sens, len(test), "test pairs (--n-test) that --sens-test measures on")
@@ -639,7 +652,10 @@ def main(args):
     data = {"train": [t.to(device) for t in encode(train, tok, args.max_len)],
             "test": [t.to(device) for t in encode(test, tok, args.max_len)]}
     folder, results = start_run("language", args, f"{args.task}-{'-'.join(args.model)}", device)
-    print(f"{args.task}: {len(train)} train / {len(test)} test (GLUE validation) pairs, vocabulary {len(tok.itos)}")
+    majority = max(sum(y for *_, y in test), sum(1 - y for *_, y in test)) / len(test)  # a constant classifier's
+    results.data["data"] = {"split": args.split, "n_train": len(train), "n_test": len(test), "test_majority": majority}
+    print(f"{args.task}: {len(train)} train / {len(test)} test pairs ({args.split} split; the majority class is "
+          f"{majority:.3f} of the test pairs), vocabulary {len(tok.itos)}")
     # the LSTM has no attention: it runs once, whatever --attn
     jobs = [(name, attn) for name in args.model for attn in (["softmax"] if name == "lstm" else args.attn)]
     try:

@@ -185,6 +185,11 @@ def summary(data):
             parts += [f"level at sigma {cross}"] if cross else []
             print(f"{name} - {p['reference']} | " + " | ".join(parts))
     elif script == "language":
+        majority = data.get("data", {}).get("test_majority")
+        for label, records in models(data).items():  # a model below the majority class has not generalised
+            accs = [r["final"]["test_acc"] for r in records if "test_acc" in r["final"]]
+            if accs and majority is not None:
+                print(f"{label} ({seeds(len(accs))}) | test acc {np.mean(accs):.3f} | majority class {majority:.3f}")
         for when in ["init", "final"]:
             p = data.get("paired", {}).get(when) or {}
             for name, d in p.get("models", {}).items():
@@ -218,6 +223,8 @@ def merge(folders):
         names = ", ".join(str(d.get("script")) for d in loaded)
         raise ValueError(f"the folders were written by different scripts ({names})")
     out = {"script": script, "sources": list(folders), "args": loaded[0].get("args", {}), "runs": {}}
+    if all(d.get("data") == loaded[0].get("data") for d in loaded) and "data" in loaded[0]:
+        out["data"] = loaded[0]["data"]  # the same data in every folder (not a data-scale study)
     by_size = {}  # vision.py's --n-train sizes; one group for the other scripts
     for folder, d in zip(folders, loaded):
         runs = by_size.setdefault(d.get("data", {}).get("n_train", 0) if script == "vision" else 0, {})

@@ -30,7 +30,8 @@ PAIRS = [("the cat sat on the mat", "a cat sat on a mat", 1), ("stocks fell toda
 
 def write_mrpc(folder, pairs=PAIRS * 4):
     folder.mkdir(parents=True, exist_ok=True)
-    for name, rows in [("train.tsv", pairs), ("dev.tsv", pairs[:8])]:
+    for name, rows in [("train.tsv", pairs), ("dev.tsv", pairs[:8]), ("msr_paraphrase_train.txt", pairs),
+                       ("msr_paraphrase_test.txt", pairs[:8])]:
         lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] + [f"{y}\t{i}\t{i + 1}\t{a}\t{b}"
                                                                    for i, (a, b, y) in enumerate(rows)]
         (folder / name).write_text("\n".join(lines) + "\n")
@@ -113,9 +114,9 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
 def test_language_sizes_and_files(tmp_path, capsys):
     """Language sizes are checked against the pairs there are; a truncated row and a label of 2 name file and line."""
     data = write_mrpc(tmp_path / "glue" / "MRPC")
-    base = ["--data-dir", str(tmp_path / "glue"), "--out-dir", str(tmp_path), "--epochs", "1"]
+    base = ["--data-dir", str(tmp_path / "glue"), "--out-dir", str(tmp_path), "--epochs", "1", "--split", "glue"]
     for argv, message in [(["--n-train", "100"], "--n-train 100 asks for more than the 16 MRPC training pairs"),
-                          (["--n-test", "9"], "--n-test 9 asks for more than the 8 MRPC validation pairs"),
+                          (["--n-test", "9"], "--n-test 9 asks for more than the 8 MRPC test pairs"),
                           (["--n-sens", "17"], "--n-sens 17"),
                           (["--sens-test", "--n-sens", "9"], "--n-sens 9 asks for more than the 8 test pairs")]:
         code, err = run("language", base + argv, capsys)
@@ -128,7 +129,9 @@ def test_language_sizes_and_files(tmp_path, capsys):
     code, err = run("language", base, capsys)
     assert code == 2 and "line 2: label '2' is not 0 or 1" in err, err
     code, err = run("language", ["--data-dir", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path)], capsys)
-    assert code == 2 and "train.tsv not found" in err and "--download" in err
+    assert code == 2 and "msr_paraphrase_train.txt not found" in err and "--download" in err
+    code, err = run("language", base + ["--task", "qqp", "--split", "paper"], capsys)
+    assert code == 2 and "--split paper: QQP has glue" in err, err
 
 
 @pytest.mark.slow

@@ -156,12 +156,30 @@ def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
+    """The paper trains on the Microsoft release's own 4,076 training pairs and tests on its 1,725 (the files
+    msr_paraphrase_{train,test}.txt); --split glue reads GLUE's train.tsv and dev.tsv. The test set's majority-class
+    share (what a constant classifier scores) is recorded beside the accuracies."""
+    write_mrpc(tmp_path / "MRPC", PAIRS * 5, "msr_paraphrase_train.txt")
+    write_mrpc(tmp_path / "MRPC", PAIRS[:3], "msr_paraphrase_test.txt")  # labels 1, 0, 1: majority 2/3
+    write_mrpc(tmp_path / "MRPC", PAIRS * 2, "train.tsv")
+    write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
+    argv = ["--data-dir", str(tmp_path), "--model", "lstm", "--dim", "8", "--depth", "1", "--epochs", "1",
+            "--n-sens", "2", "--eval-every", "100", "--out-dir", str(tmp_path)]
+    paper = language.main(language.parse_args(argv + ["--run-name", "p"]))["data"]
+    assert paper == {"split": "paper", "n_train": 20, "n_test": 3, "test_majority": pytest.approx(2 / 3)}
+    glue = language.main(language.parse_args(argv + ["--run-name", "g", "--split", "glue"]))["data"]
+    assert glue == {"split": "glue", "n_train": 8, "n_test": 4, "test_majority": 0.5}
+
+
+@pytest.mark.slow
 def test_end_to_end(tmp_path):
     write_mrpc(tmp_path / "MRPC", PAIRS * 5, "train.tsv")
     write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
     argv = ["--data-dir", str(tmp_path), "--model", "roberta", "gpt2", "lstm", "--attn", "softmax", "relu",
             "--dim", "16", "--heads", "2", "--depth", "1", "--max-len", "24", "--epochs", "1", "--batch-size", "5",
-            "--eval-every", "2", "--n-sens", "4", "--sens-test", "--out-dir", str(tmp_path), "--run-name", "t"]
+            "--eval-every", "2", "--n-sens", "4", "--sens-test", "--out-dir", str(tmp_path), "--run-name", "t",
+            "--split", "glue"]
     language.main(language.parse_args(argv))
     folder = tmp_path / "language" / "t"
     data = json.loads((folder / "metrics.json").read_text())

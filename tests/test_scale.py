@@ -47,7 +47,7 @@ def write_glue(tmp_path):
     """A tiny MRPC in GLUE's layout; returns the --data-dir."""
     folder = tmp_path / "glue" / "MRPC"
     folder.mkdir(parents=True)
-    for name, n in [("train.tsv", 24), ("dev.tsv", 8)]:
+    for name, n in [("msr_paraphrase_train.txt", 24), ("msr_paraphrase_test.txt", 8)]:  # the paper's split
         rows = [f"{i % 2}\t{i}\t{i + 1}\t{MRPC[i % 5]} {MRPC[(i * 3) % 5]}\t{MRPC[(i + 2) % 5]}" for i in range(n)]
         (folder / name).write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n")
     return tmp_path / "glue"

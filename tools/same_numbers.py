@@ -64,7 +64,9 @@ def make_data(folder):
         b = " ".join(words[(i * 5 + j * 2) % len(words)] for j in range(3 + i % 7))
         lines.append(f"{i % 2}\t{i}\t{i + 1000}\t{a}\t{b}")
     os.makedirs(os.path.join(folder, "glue", "MRPC"), exist_ok=True)
-    for name, part in [("train.tsv", lines[:33]), ("dev.tsv", lines[:1] + lines[33:])]:
+    # the same pairs in GLUE's files and in the Microsoft release's (the paper's split, language.py's default since)
+    for name, part in [("train.tsv", lines[:33]), ("dev.tsv", lines[:1] + lines[33:]),
+                       ("msr_paraphrase_train.txt", lines[:33]), ("msr_paraphrase_test.txt", lines[:1] + lines[33:])]:
         with open(os.path.join(folder, "glue", "MRPC", name), "w") as fh:
             fh.write("\n".join(part) + "\n")
     os.makedirs(os.path.join(folder, "imgs", "c0"), exist_ok=True)
