@@ -99,6 +99,17 @@ def at_train_accuracy(history, levels, keys):
     return out
 
 
+def end_point(history, until_acc=None, patience=None):
+    """Why training should stop after the last evaluation of `history`, or None: its train accuracy reached
+    until_acc, or the last `patience` evaluations brought no training loss 1% below the best before them."""
+    if until_acc is not None and history[-1]["train_acc"] >= until_acc:
+        return f"train accuracy reached {until_acc:g}"
+    best, since = math.inf, 0
+    for h in history:
+        best, since = (h["train_loss"], 0) if h["train_loss"] < 0.99 * best else (best, since + 1)
+    return "training loss stopped falling" if patience is not None and since >= patience else None
+
+
 def phases(history):
     """Epochs at which train accuracy first reaches 100% (memorised) and test accuracy first exceeds 95% (grokked)."""
     first = lambda cond: next((h["epoch"] for h in history if cond(h)), None)

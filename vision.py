@@ -79,7 +79,11 @@ def add_flags(p):
     g.add_argument("--weight-decay", type=nonnegative_float, default=0.0, help="weight decay [author code: none]")
     g.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],
                    help="lr schedule: constant, step (x0.5 every 8 epochs, the authors'), cosine to 0")
-    g.add_argument("--epochs", type=positive_int, default=50, help="training epochs [author code]")
+    g.add_argument("--epochs", type=positive_int, default=50, help="training epochs, at most [author code]")
+    g.add_argument("--until-acc", type=checked(float, lambda v: 0 < v <= 1, "a train accuracy in (0, 1]"),
+                   default=None, help="stop at the first evaluation whose train accuracy reaches this")
+    g.add_argument("--patience", type=positive_int, default=None, help="stop when this many evaluations in a row "
+                   "bring no training loss 1%% below the best so far")
     g.add_argument("--steps", type=positive_int, default=None, help="SGD steps instead of --epochs (the same number "
                    "of updates whatever --n-train)")
     g.add_argument("--batch-size", type=positive_int, default=100, help="images per step (paper: 100, MNIST 50)")
@@ -623,10 +627,12 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
                 row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
                 row["time"] = time.time() - t0
                 results.log(run, row)  # metrics.json is rewritten now: Ctrl-C loses nothing measured
+                # --until-acc / --patience: the end point, read off the history (so --resume stops where it would have)
+                stop = report.end_point(results.data["runs"][str(run)]["history"], args.until_acc, args.patience)
                 print(f"{run} epoch {epoch:3d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
                       f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
                       f"{row['time']:.0f}s")
-            if step == num_steps:
+            if step == num_steps or evaluating and stop:
                 break
             perm = torch.randperm(len(x), generator=gen, device=device)  # a new order every epoch
             fwd.train()
@@ -643,15 +649,15 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
         opt.zero_grad(set_to_none=True)
         (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: this makes it the batch mean
         opt.step()
-    # the final model under every mask (and the --sweep); what the last evaluation measured is reused
-    sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
-    for mask in args.mask:
-        todo = [s for s in sigmas if (mask, s) not in sens]
+    sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma  # and the --sweep
+    for mask in args.mask:  # the final model under every mask
+        todo = [s for s in sigmas if (mask, s) not in sens]  # what the last evaluation measured is reused
         sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
                                         seed=args.sens_seed, reps=args.reps, positions=args.sens_positions))
     sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
                                  "step"]}
+    final["stopped"] = stop or "all epochs done"  # which end point the run reached
     final["sens_at"] = {key(*k): {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()}
     # per image, for the paired differences between models (the same images and noise for every model and seed)
     final["per_image"] = {key(*k): [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()}

@@ -477,3 +477,29 @@ def test_the_schedule_sets_every_training_step(tmp_path, monkeypatch):
             "--out-dir", str(tmp_path)]
     vision.main(vision.parse_args(argv))
     assert Spy.lrs == pytest.approx([0.05 * (1 + math.cos(math.pi * i / 6)) for i in range(6)])
+
+
+def test_training_stops_at_its_end_point(tmp_path):
+    """--until-acc stops at the first evaluation whose train accuracy reaches the level; --patience when that many
+    evaluations in a row bring no training loss 1% below the best; the final numbers say which end point it was."""
+    h = [{"train_acc": a, "train_loss": loss} for a, loss in [(0.5, 1.0), (0.7, 0.8), (0.8, 0.795), (0.8, 0.794),
+                                                             (0.85, 0.8)]]
+    assert report.end_point(h, until_acc=0.85) == "train accuracy reached 0.85"
+    assert report.end_point(h, until_acc=0.9) is None and report.end_point(h[:4], patience=2) is not None
+    assert report.end_point(h, patience=3) == "training loss stopped falling"
+    assert report.end_point(h, patience=4) is None
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (200,), generator=g)
+    x = torch.randint(0, 100, (200, 1, 28, 28), generator=g, dtype=torch.uint8)
+    x[y == 1, :, :14] += 120
+    x[y == 0, :, 14:] += 120
+    data = {"train_x": x, "train_y": y, "test_x": x[:20], "test_y": y[:20]}
+    args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "50",
+                              "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "1",
+                              "--until-acc", "0.95"])
+    results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
+    run = results.data["runs"]["mlp/seed0"]
+    accs = [r["train_acc"] for r in run["history"]]
+    assert accs[-1] >= 0.95 and max(accs[:-1]) < 0.95 and len(accs) < 51  # stopped at the first one above
+    assert run["final"]["stopped"] == "train accuracy reached 0.95" and run["final"]["epoch"] == len(accs) - 1
