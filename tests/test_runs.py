@@ -211,3 +211,33 @@ def test_run_identity_from_fields_and_from_older_names():
     assert report.identity("mlp-sigmoid/seed12", {}) == ("mlp-sigmoid", 12)
     assert report.identity("convnext_tiny/pretrained", {}) == ("convnext_tiny", "pretrained")
     assert report.identity("x/seedling", {}) == ("x", "seedling")
+
+
+def test_merged_language_runs_are_paired_against_the_first_model_asked_for(tmp_path):
+    """Folders merged in any order: the paired differences take the first model of --model (with its first --attn)
+    as the reference, here roberta-softmax, although the LSTM's folder comes first."""
+    def folder(name, run, values):
+        data = {"script": "language", "args": {"model": ["roberta", "lstm"], "attn": ["softmax", "relu"]},
+                "runs": {run: {"history": [], "final": {"per_image": {"2": values}, "per_image_init": {"2": values}}}}}
+        write_json(str(tmp_path / name / "metrics.json"), data)
+        return str(tmp_path / name)
+
+    merged = report.merge([folder("a", "lstm/seed0", [0.5, 0.25]), folder("b", "roberta-softmax/seed0", [0.25, 0.0])])
+    assert merged["paired"]["final"]["reference"] == merged["paired"]["init"]["reference"] == "roberta-softmax"
+    assert merged["paired"]["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
+
+
+def test_robustness_summary_means_standard_errors_and_correlation(capsys):
+    """Per model the mean over seeds with its standard error (std over seeds / sqrt(seeds); none for one seed), and
+    Pearson's r of sensitivity against mean corruption accuracy over every model and seed."""
+    def run(model, seed, sens, acc):
+        return {"model": model, "seed": seed, "history": [], "final": {"sens": sens, "mean_corruption_acc": acc,
+                                                                        "corruption_acc": {"snow": {"1": acc}}}}
+
+    data = {"script": "robustness", "runs": {"a/seed0": run("a", 0, 0.1, 0.9), "a/seed1": run("a", 1, 0.3, 0.7),
+                                             "b/seed0": run("b", 0, 0.5, 0.5)}}
+    out = report.robustness_summary(data)
+    assert out["a"]["seeds"] == 2 and out["a"]["sens"] == pytest.approx([0.2, 0.1])
+    assert out["a"]["mean_corruption_acc"] == pytest.approx([0.8, 0.1]) and out["b"]["sens"] == [0.5, None]
+    assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
+    assert "a (2 seeds) | sens 0.2000 +- 0.1000" in capsys.readouterr().out
