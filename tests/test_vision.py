@@ -449,15 +449,20 @@ def test_every_mask_draws_its_noise_from_the_seed():
     assert a["patch", 1.0].evaluations == 40 * 16
 
 
-def test_training_loop_learns_a_separable_task(tmp_path):
-    """vision.train's loop takes SGD steps that reduce the loss: an MLP learns "is the top half brighter than the
-    bottom half" from 200 images to train accuracy 1 in 5 epochs (a deleted backward() or step() stays at chance)."""
+def separable_task():
+    """200 images whose label says which half is brighter (top: 1, bottom: 0), as vision.train takes them."""
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 2, (200,), generator=g)
     x = torch.randint(0, 100, (200, 1, 28, 28), generator=g, dtype=torch.uint8)
     x[y == 1, :, :14] += 120
     x[y == 0, :, 14:] += 120
-    data = {"train_x": x, "train_y": y, "test_x": x[:20], "test_y": y[:20]}
+    return {"train_x": x, "train_y": y, "test_x": x[:20], "test_y": y[:20]}
+
+
+def test_training_loop_learns_a_separable_task(tmp_path):
+    """vision.train's loop takes SGD steps that reduce the loss: an MLP learns "is the top half brighter than the
+    bottom half" from 200 images to train accuracy 1 in 5 epochs (a deleted backward() or step() stays at chance)."""
+    data = separable_task()
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "5",
                               "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "5"])
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
@@ -488,12 +493,7 @@ def test_training_stops_at_its_end_point(tmp_path):
     assert report.end_point(h, until_acc=0.9) is None and report.end_point(h[:4], patience=2) is not None
     assert report.end_point(h, patience=3) == "training loss stopped falling"
     assert report.end_point(h, patience=4) is None
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 2, (200,), generator=g)
-    x = torch.randint(0, 100, (200, 1, 28, 28), generator=g, dtype=torch.uint8)
-    x[y == 1, :, :14] += 120
-    x[y == 0, :, 14:] += 120
-    data = {"train_x": x, "train_y": y, "test_x": x[:20], "test_y": y[:20]}
+    data = separable_task()
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "50",
                               "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "1",
                               "--until-acc", "0.95"])
