@@ -60,7 +60,7 @@ def checked(convert, ok, what):
     return check
 
 
-positive_int = checked(int, lambda v: v >= 1, ">= 1")
+positive_int = checked(int, lambda v: v >= 1, "an integer >= 1")
 nonnegative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
 seed = checked(int, lambda v: 0 <= v < 2**63, "a seed in [0, 2^63)")  # torch.manual_seed wraps larger ones silently
 positive_float = checked(float, lambda v: 0 < v < math.inf, "a finite number > 0")

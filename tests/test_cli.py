@@ -66,9 +66,10 @@ BAD = [
     ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
     ("synthetic", ["--n-train", "1000000000"], "would take over 4 GB to evaluate"),
-    ("vision", ["--n-train", "0"], "--n-train must be >= 1"),
-    ("vision", ["--n-train", "-5"], "--n-train must be >= 1"),
-    ("vision", ["--n-test", "0"], "--n-test must be >= 1"),
+    ("synthetic", ["--n-train", "1e9"], "--n-train must be an integer >= 1, got '1e9'"),
+    ("vision", ["--n-train", "0"], "--n-train must be an integer >= 1"),
+    ("vision", ["--n-train", "-5"], "--n-train must be an integer >= 1"),
+    ("vision", ["--n-test", "0"], "--n-test must be an integer >= 1"),
     ("vision", ["--dataset", "fake28", "--n-train", "5000", "--epochs", "1"], "--n-train 5000 asks for more than"),
     ("vision", ["--dataset", "fake28", "--n-test", "500", "--epochs", "1"], "--n-test 500 asks for more than the 200"),
     ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "60", "--epochs", "1"], "--n-sens 60"),
@@ -88,7 +89,7 @@ BAD = [
     ("robustness", ["--corruptions", "rain"], "unknown corruption 'rain'"),
     ("robustness", ["--severities", "6"], "--severities must be severities 1..5"),
     ("robustness", ["--dataset", "fake28", "--n-corrupt", "300", "--epochs", "1"], "--n-corrupt 300"),
-    ("language", ["--n-train", "-3600"], "--n-train must be >= 1"),
+    ("language", ["--n-train", "-3600"], "--n-train must be an integer >= 1"),
     ("language", ["--sigma", "nan"], "--sigma"),
     ("language", ["--layers", "2"], "unrecognized arguments: --layers"),
     ("language", ["--positions", "2"], "unrecognized arguments: --positions"),
@@ -99,7 +100,7 @@ BAD = [
     ("grokking", ["--lr", "-1"], "--lr"),
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
-    ("bench", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
 ]
 
 
