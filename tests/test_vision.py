@@ -58,6 +58,23 @@ def test_global_noise_reaches_every_patch():
     assert sens["global", 4.0].evaluations == 600 and sens["global", 4.0].mean > 4 * sens["patch", 4.0].mean
 
 
+def test_augmentation_draws_every_crop_and_both_flips():
+    """Over 2,000 images every one of the 9 x 9 crop offsets of the 4-pixel zero padding occurs, and about half the
+    images are mirrored (read off images whose pixels number their own positions)."""
+    pos = torch.arange(1, 65, dtype=torch.uint8).view(1, 1, 8, 8)  # pixel (i, j) holds 8 i + j + 1: never 0
+    out = vision.augment_batch(pos.expand(2000, 1, 8, 8).contiguous(), torch.Generator().manual_seed(0))
+    seen, flips = set(), 0
+    for img in out[:, 0]:
+        for flipped, src in [(False, pos[0, 0]), (True, pos[0, 0].flip(1))]:
+            padded = torch.nn.functional.pad(src, (4, 4, 4, 4))
+            hits = [(dy, dx) for dy in range(9) for dx in range(9) if torch.equal(padded[dy:dy + 8, dx:dx + 8], img)]
+            if hits:
+                seen.add(hits[0])
+                flips += flipped
+                break
+    assert seen == {(dy, dx) for dy in range(9) for dx in range(9)} and abs(flips - 1000) < 150
+
+
 def test_global_noise_has_one_patchs_energy():
     """App. A.2 compares equal noise energy: the global mask puts std sigma / sqrt(T) on every pixel, so the mean of
     patch k's D = 192 values moves by N(0, sigma^2 / (T D)) and a patch at 0.05 flips with probability
