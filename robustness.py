@@ -19,7 +19,6 @@ training set, in eval mode with the BatchNorm statistics untouched.
 import argparse
 import os
 import pickle
-import sys
 
 import numpy as np
 import torch
@@ -30,8 +29,8 @@ import vision
 from common import patchify, unpatchify
 from corruptions import (EXTRA, SEVERITY, STANDARD, check_corruption, check_release, corrupt, load_frost,
                          read_release)
-from runs import (ArgumentParser, Run, add_run_flags, checked, cli, given, load_results, nonnegative_float, one_of,
-                  parse, positive_int, ranks, seed_all, setup, start_run, subset_size)
+from runs import (ArgumentParser, Run, add_run_flags, checked, cli, given, nonnegative_float, one_of, parse,
+                  parse_with, positive_int, ranks, seed_all, setup, start_run, subset_size)
 
 # -----------------------------------------------------------------------------
 # training objectives and sharpness
@@ -211,16 +210,8 @@ def parse_args(argv=None):
     g.add_argument("--n-sharp", type=positive_int, default=2000, help="training images the sharpness is measured on")
     add_run_flags(p, unit="epochs", default_name="<dataset>-<models>, fig9 or from-vision")
     args = parse(p, "robustness", argv)
-    if args.from_vision:  # the saved run's own flags first, so that those given here take precedence
-        # (parsed again, as a command line: the saved values then pass the same type checks)
-        try:
-            saved = load_results(args.from_vision, "vision")["args"]
-        except ValueError as e:
-            p.error(f"--from-vision: {e}")
-        known = vars(p.parse_args([]))
-        skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device", "resume", "save_every"}
-        args = p.parse_args([a for k, v in saved.items() if k in known and k not in skip for a in to_argv(k, v)]
-                            + (argv if argv is not None else sys.argv[1:]))
+    if args.from_vision:  # the saved run's model and data flags first, so that those given here take precedence
+        args = parse_with(p, argv, args.from_vision, "vision")
     vision.check_flags(p, args)
     if args.corruptions is None:
         args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
@@ -244,18 +235,6 @@ def parse_args(argv=None):
         except (FileNotFoundError, ValueError) as e:
             p.error(f"{e}; or leave frost out of --corruptions")
     return args
-
-
-def to_argv(key, value):
-    """A saved vision.py argument back to its command-line form."""
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag] if value else []
-    if value is None or value == {} or value == []:
-        return []
-    if isinstance(value, dict):  # --lr per model
-        return [flag] + [f"{m}={v}" for m, v in value.items()]
-    return [flag] + [str(v) for v in value] if isinstance(value, list) else [flag, str(value)]
 
 
 def evaluate_model(model, args, data, seed):

@@ -144,6 +144,27 @@ def parse(p, script, argv=None):
     return p.parse_args(argv)
 
 
+def parse_with(p, argv, folder, script):
+    """p.parse_args with the flags another script's run in `folder` was started with put before argv (so argv's take
+    precedence), each as it would be typed: the saved values pass the same type checks. The run flags are not taken
+    (robustness.py --from-vision reads vision.py's model and data flags this way)."""
+    try:
+        saved = load_results(folder, script)["args"]
+    except ValueError as e:
+        p.error(f"{folder}: {e}")
+    known = vars(p.parse_args([]))
+    skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device", "resume", "save_every"}
+    typed = []
+    for key, value in saved.items():
+        if key not in known or key in skip or value is None or value is False or value in ({}, []):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, dict):  # --lr per model, as older runs saved it
+            value = [f"{m}={v}" for m, v in value.items()]
+        typed += [flag] if value is True else [flag, *map(str, value if isinstance(value, list) else [value])]
+    return p.parse_args(typed + (sys.argv[1:] if argv is None else argv))
+
+
 def given(argv, *flags):
     """Whether the command line names one of the flags (--flag or --flag=value)."""
     argv = sys.argv[1:] if argv is None else argv
