@@ -520,3 +520,22 @@ def test_training_stops_at_its_end_point(tmp_path):
     accs = [r["train_acc"] for r in run["history"]]
     assert accs[-1] >= 0.95 and max(accs[:-1]) < 0.95 and len(accs) < 51  # stopped at the first one above
     assert run["final"]["stopped"] == "train accuracy reached 0.95" and run["final"]["epoch"] == len(accs) - 1
+
+
+def test_the_final_model_is_measured_at_every_sweep_sigma_with_the_runs_flags(tmp_path):
+    """--sweep measures the final model at every sigma of SWEEP besides --sigma, under every --mask; what a run
+    reports equals measure_sensitivity of its final model with the run's --reps, --sens-seed and patch grid."""
+    data = separable_task()
+    args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "1",
+                              "--batch-size", "50", "--n-sens", "6", "--sigma", "30", "--sweep", "--reps", "2",
+                              "--sens-seed", "7", "--mask", "patch", "global"])
+    results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    model = vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
+    final = results.data["runs"]["mlp/seed0"]["final"]
+    assert set(final["sens_at"]) == {f"{m}:{s:g}" for m in ["patch", "global"] for s in vision.SWEEP}
+    again = vision.measure_sensitivity(model, vision.normalize(data["train_x"][:6]), patch=4, sigmas=[30, 100],
+                                       masks=["patch"], seed=7, reps=2)
+    for sigma in [30, 100]:  # 30: measured at the last evaluation and reused; 100: measured after training
+        assert final["per_image"][f"patch:{sigma:g}"] == [round(v, 6) for v in again["patch", sigma].per_input.tolist()]
+        assert any(again["patch", sigma].per_input > 0)  # not vacuous: the noise flips some predictions
+    assert again["patch", 30].evaluations == 6 * 49 * 2
