@@ -96,6 +96,8 @@ def test_normalize_and_augment():
     assert torch.equal(floats, torch.tensor([0.0, 255.0]))  # a float input is not overwritten
     a = vision.augment_batch(x, torch.Generator().manual_seed(0))
     assert a.shape == x.shape and a.dtype == torch.uint8
+    torch.rand(5)  # the global generator moves on: the augmentation draws from the one it is given alone
+    assert torch.equal(vision.augment_batch(x, torch.Generator().manual_seed(0)), a)
     # each augmented image is its source, possibly flipped, shifted by at most 4 pixels, padded with zeros
     for i in range(16):
         found = False
@@ -464,6 +466,8 @@ def test_every_mask_draws_its_noise_from_the_seed():
         assert torch.equal(a[key].per_input, b[key].per_input), key
         assert not torch.equal(a[key].per_input, c[key].per_input), key
     assert a["patch", 1.0].evaluations == 40 * 16
+    sampled = vision.measure_sensitivity(model, images, patch=7, sigmas=[1.0], masks=["patch"], seed=3, positions=3)
+    assert sampled["patch", 1.0].evaluations == 40 * 3  # --sens-positions: 3 sampled patches per image
 
 
 def separable_task():
