@@ -2,7 +2,7 @@
 
 Runs a small run of every experiment script (fixed seeds and flags, fake or generated data, one thread) in a git
 revision of the repository and in the working tree, then compares the two metrics.json files of each script: every
-number must be identical. Wall times, the environment, the saved arguments and the list of source folders are not
+number must be identical (the random-weight ImageNet run, which is not deterministic, within standard errors). Wall times, the environment, the saved arguments and the list of source folders are not
 compared; keys that only the new version writes are listed, keys that it lost are differences.
 
     python tools/same_numbers.py --before HEAD~3      # about 2 minutes on 2 cores
@@ -20,6 +20,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IGNORED = {"time", "env", "resumed", "args", "sources"}  # not numbers of the experiment
+NOISY = {"pretrained"}
 
 TINY_VIT = ["--depth", "1", "--heads", "2", "--dim", "16", "--dim-head", "8", "--mlp-dim", "32"]
 # script -> (argv of the version before, argv of the version after); {data} is a folder of generated files
@@ -46,7 +47,10 @@ RUNS = {
     "parity": ["parity.py", "--n", "8", "--k", "2", "--steps", "20", "--eval-every", "10", "--n-train", "400",
                "--n-test", "100", "--n-sens", "50", "--dim", "16", "--heads", "2", "--device", "cpu"],
 }
-# the ImageNet pretrained-model experiment moved from vision.py --pretrained to imagenet.py
+# the ImageNet pretrained-model experiment moved from vision.py --pretrained to imagenet.py. Offline it runs
+# torchvision's ConvNeXt with random weights, whose ten thousand logits nearly tie: which copies flip then depends on
+# float rounding that differs from run to run of the same commit (0.0 and 0.5 in two runs of 6263bbf), so this run
+# is compared within standard errors (NOISY), every other one exactly
 PRETRAINED = {
     "before": ["vision.py", "--pretrained", "convnext_tiny", "--imagenet-dir", "{data}/imgs", "--random-weights",
                "--n-sens", "2", "--sens-positions", "2", "--sigma", "0.5"],
@@ -146,12 +150,21 @@ def main():
         if name == "pretrained":  # vision.py --pretrained became imagenet.py
             a.pop("script"), b.pop("script")
         diffs, new = compare(a, b)
+        if name in NOISY and diffs:  # the headline sensitivity of each model within twice its standard error
+            finals = [(r, a["runs"][r]["final"], b["runs"].get(r, {}).get("final", {})) for r in a["runs"]]
+            close = all(abs(x["sens"] - y["sens"]) <= 2 * (x["sens_stderr"] ** 2 + y["sens_stderr"] ** 2) ** 0.5
+                        for _, x, y in finals if "sens" in y)
+            print(f"{name}: {'within' if close else 'NOT within'} 2 standard errors (not deterministic): " + ", ".join(
+                f"{r} {x['sens']:.3f} +- {x['sens_stderr']:.3f} -> {y['sens']:.3f} +- {y['sens_stderr']:.3f}"
+                for r, x, y in finals if "sens" in y))
+            failed += not close
+            continue
         print(f"{name}: {'identical' if not diffs else f'{len(diffs)} differences'}"
               + (f" ({len(new)} new keys: {', '.join(new[:6])}{' ...' if len(new) > 6 else ''})" if new else ""))
         for d in diffs[:20]:
             print("   ", d)
         failed += bool(diffs)
-    print(f"{len(before) - failed} of {len(before)} runs give identical numbers")
+    print(f"{len(before) - failed} of {len(before)} runs give the same numbers")
     sys.exit(1 if failed else 0)
 
 
