@@ -2,8 +2,9 @@
 
 Runs a small run of every experiment script (fixed seeds and flags, fake or generated data, one thread) in a git
 revision of the repository and in the working tree, then compares the two metrics.json files of each script: every
-number must be identical (the random-weight ImageNet run, which is not deterministic, within standard errors). Wall times, the environment, the saved arguments and the list of source folders are not
-compared; keys that only the new version writes are listed, keys that it lost are differences.
+number must be identical (the random-weight ImageNet run, which is not deterministic, within standard errors).
+Wall times, the environment, the saved arguments and the list of source folders are not compared; keys that only the
+new version writes are listed, keys that it lost are differences.
 
     python tools/same_numbers.py --before HEAD~3      # about 2 minutes on 2 cores
     python tools/same_numbers.py --before 6263bbf --only vision language
