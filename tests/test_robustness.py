@@ -306,6 +306,8 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
         with pytest.raises(error) as e:
             R.evaluate_corruptions(net, args.pop("images"), args.pop("labels"), **args)
         assert message in str(e.value), (extra, str(e.value))
+    with pytest.raises(ValueError, match="needs the clean images to corrupt, or cifar10c_dir"):
+        R.evaluate_corruptions(net, **kw)
     nan = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
     torch.nn.init.constant_(nan[1].bias, float("nan"))
     with pytest.raises(ValueError, match="non-finite outputs"):
