@@ -87,6 +87,14 @@ class Reads(torch.nn.Module):
         return torch.stack([-v, v], 1)
 
 
+class Gated(torch.nn.Module):
+    """Bit 0 where bit 1 is +1, else +1: how many single-bit flips change it depends on the input."""
+
+    def forward(self, x):
+        v = torch.where(x[:, 1, 0] > 0, x[:, 0, 0], torch.ones(len(x)))
+        return torch.stack([-v, v], 1)
+
+
 def test_sensitivity_count_and_the_share_on_the_relevant_bits():
     """The parity of the k relevant bits: count k, all of it on them; the parity of one irrelevant bit: count 1,
     none of it on them; normalised = count / n; per-bit profile 1 on the bits read."""
@@ -98,6 +106,8 @@ def test_sensitivity_count_and_the_share_on_the_relevant_bits():
     other = int((~mask).nonzero()[0])
     row = parity.measure_sensitivity(Reads([other]), x, mask, 10)
     assert row["sens_count"] == 1 and row["sens_relevant"] == 0 and row["sens_by_bit"][other] == 1
+    row = parity.measure_sensitivity(Gated(), x, mask, 10)  # the count varies from input to input: a standard error
+    assert row["sens_count_stderr"] == pytest.approx(row["sens_stderr"] * 10) and row["sens_count_stderr"] > 0
 
 
 def test_test_inputs_are_never_training_inputs():
