@@ -306,8 +306,8 @@ def test_a_short_run_learns_a_separable_task(tmp_path):
     and its sensitivity falls from initialisation to the end."""
     pairs = [(("yes " if i % 2 else "no ") + f"the cat sat {i % 7} on the mat", f"a dog ran {i % 5}", i % 2)
              for i in range(48)]
-    write_mrpc(tmp_path / "MRPC", pairs, "train.tsv")
-    write_mrpc(tmp_path / "MRPC", pairs[:16], "dev.tsv")
+    write_mrpc(tmp_path / "MRPC", pairs, "msr_paraphrase_train.txt")  # the paper's split, the default
+    write_mrpc(tmp_path / "MRPC", pairs[:16], "msr_paraphrase_test.txt")
     argv = ["--data-dir", str(tmp_path), "--model", "roberta", "--dim", "32", "--heads", "2", "--depth", "1",
             "--epochs", "15", "--batch-size", "8", "--lr", "3e-3", "--eval-every", "90", "--n-sens", "16",
             "--out-dir", str(tmp_path)]
