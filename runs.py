@@ -140,7 +140,8 @@ def parse(p, script, argv=None):
     except (ValueError, KeyError) as e:
         p.error(f"--resume {args.resume}: {e}")
     known = vars(args)
-    p.set_defaults(**{k: v for k, v in saved.items() if k in known and k not in {"resume", "threads", "device"}})
+    from_command = {flag[2:] for flag in RESUME_FLAGS}  # resume, threads, device: this command's, never the folder's
+    p.set_defaults(**{k: v for k, v in saved.items() if k in known and k not in from_command})
     return p.parse_args(argv)
 
 
@@ -153,7 +154,7 @@ def parse_with(p, argv, folder, script):
     except ValueError as e:
         p.error(f"{folder}: {e}")
     known = vars(p.parse_args([]))
-    skip = {"out_dir", "run_name", "plot", "save_model", "threads", "device", "resume", "save_every"}
+    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every"}
     typed = []
     for key, value in saved.items():
         if key not in known or key in skip or value is None or value is False or value in ({}, []):
