@@ -4,13 +4,16 @@ of the official release. Data preparation for robustness.py, kept apart as nanoG
 Every corruption maps float images in [0, 1], (B, C, H, W), to corrupted ones, batched, drawing its randomness from a
 torch.Generator; the strength per severity 1..5 is the constant of Hendrycks' CIFAR generator (make_cifar_c.py), and
 each function takes the strength itself, so its identity limit (zero noise, contrast 1, ...) is a plain argument.
-The release was made with ImageMagick, OpenCV, scikit-image and PIL; where this file approximates one of their
-operations the function says how (the README lists them all). On 1-channel images the colour steps use luminance.
+The release was made with ImageMagick, OpenCV, scikit-image, SciPy and PIL; each function here follows
+make_cifar_c.py step by step (the same kernels, borders, 8-bit roundings and order of steps), calls PIL itself for
+pixelate and JPEG, and says where it departs. How close each one is, measured against the generator itself with
+tools/cifar_c_fidelity.py, is in RESULTS.md (CIFAR-10-C fidelity). On 1-channel images the colour steps use luminance.
 
     x = corrupt(images_uint8, "snow", severity=3, generator=torch.Generator().manual_seed(0))
     x, y = read_release("CIFAR-10-C", "snow", severity=3)
 """
 
+import io
 import math
 import os
 
@@ -51,6 +54,11 @@ SEVERITY = {
 FROST_FILES = ["frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg", "frost6.jpg"]
 
 
+def truncate(v):
+    """np.uint8 of values in 0..255: truncated (1e-5 absorbs float32's rounding, so an exact k stays k)."""
+    return (v + 1e-5).floor()
+
+
 def grey(x):
     """Luminance (ITU-R 601, as OpenCV's RGB2GRAY), (B, 1, H, W); a 1-channel image is its own."""
     return x if x.shape[1] == 1 else (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
@@ -80,24 +88,41 @@ def speckle_noise(x, c, g):
     return x + x * c * torch.randn(x.shape, generator=g, device=x.device)
 
 
+def pad(x, r, mode):
+    """Pad the last two dimensions by r: "reflect" is OpenCV's default border (d c b | a b c d), "symmetric" SciPy's
+    "reflect" (c b a | a b c d), "replicate" SciPy's "nearest"."""
+    if mode != "symmetric":
+        return F.pad(x, (r,) * 4, mode=mode)
+    x = torch.cat([x[..., :r, :].flip(-2), x, x[..., -r:, :].flip(-2)], -2)
+    return torch.cat([x[..., :r].flip(-1), x, x[..., -r:].flip(-1)], -1)
+
+
 def filter2d(x, kernel, mode="reflect"):
-    """Convolve every channel with one (k, k) kernel; mode: the border, "reflect" (OpenCV's default) or "replicate"
-    (scikit-image's gaussian)."""
+    """Correlate every channel with one (k, k) kernel (as OpenCV's filter2D), the border padded by `mode`."""
     k = kernel.shape[-1]
     C = x.shape[1]
-    x = F.pad(x, (k // 2,) * 4, mode=mode) if k // 2 < x.shape[-1] else x
-    return F.conv2d(x, kernel.to(x)[None, None].expand(C, 1, k, k), groups=C)
+    return F.conv2d(pad(x, k // 2, mode), kernel.to(x)[None, None].expand(C, 1, k, k), groups=C)
 
 
-def gaussian_kernel(sigma, radius=None):
-    radius = radius if radius is not None else max(1, math.ceil(4 * sigma))
-    t = torch.arange(-radius, radius + 1, dtype=torch.float32)
+def gaussian_kernel(sigma, radius=None, truncate=4.0):
+    """SciPy's 1D Gaussian, normalised: radius int(truncate * sigma + 0.5) unless given."""
+    radius = int(truncate * sigma + 0.5) if radius is None else radius
+    t = torch.arange(-radius, radius + 1, dtype=torch.float64)
     k = torch.exp(-t**2 / (2 * sigma**2))
-    return torch.outer(k, k) / k.sum() ** 2
+    return k / k.sum()
+
+
+def gaussian_filter(x, sigma, mode="replicate", truncate=4.0):
+    """SciPy's gaussian_filter of the last two dimensions: the 1D kernel down the columns, then along the rows."""
+    k = gaussian_kernel(sigma, truncate=truncate).to(x)
+    C, n = x.shape[1], len(k)
+    x = F.conv2d(pad(x, n // 2, mode), k.view(1, 1, n, 1).expand(C, 1, n, 1), groups=C)
+    return F.conv2d(x, k.view(1, 1, 1, n).expand(C, 1, 1, n), groups=C)
 
 
 def gaussian_blur(x, sigma, g):
-    return filter2d(x, gaussian_kernel(sigma), mode="replicate")
+    """scikit-image's gaussian: SciPy's filter, truncated at 4 sigma, the border replicated ("nearest")."""
+    return gaussian_filter(x, sigma)
 
 
 def defocus_blur(x, c, g):
@@ -105,43 +130,54 @@ def defocus_blur(x, c, g):
     radius, alias = c
     t = torch.arange(-8, 9, dtype=torch.float32)
     disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).float()
-    disk = filter2d((disk / disk.sum())[None, None], gaussian_kernel(alias, radius=1))[0, 0]
+    k = gaussian_kernel(alias, radius=1)
+    disk = filter2d((disk / disk.sum())[None, None], torch.outer(k, k).float())[0, 0]
     return filter2d(x, disk)
 
 
-def shift(x, dy, dx):
-    """Bilinear translation of each image by (dy, dx) pixels (per-image tensors), edges clamped."""
-    B, _, H, W = x.shape
-    ys, xs = torch.meshgrid(torch.arange(H, device=x.device), torch.arange(W, device=x.device), indexing="ij")
-    gy = (ys[None] - dy[:, None, None]) / (H - 1) * 2 - 1
-    gx = (xs[None] - dx[:, None, None]) / (W - 1) * 2 - 1
-    return F.grid_sample(x, torch.stack([gx, gy], -1), align_corners=True, padding_mode="border")
+def motion(x, radius, sigma, angle):
+    """ImageMagick's MotionBlurImage of 8-bit images, angle in degrees per image (B,): output pixel p is the
+    Gaussian-weighted mean (sigma, 2 ceil(radius) + 1 taps, weights exp(-i^2 / 2 sigma^2)) of the pixels at
+    p + round(i (cos, sin)(angle)), i = 0, 1, ..., edges clamped; rounded to ImageMagick's 16-bit quantum, then
+    truncated to the 8-bit PNG it returns (as the release's ImageMagick 6 Q16 does)."""
+    B, C, H, W = x.shape
+    taps = torch.arange(2 * math.ceil(radius) + 1, device=x.device, dtype=torch.float64)
+    weights = torch.exp(-taps**2 / (2 * sigma**2))
+    weights = (weights / weights.sum()).tolist()
+    a = angle.double()[:, None] * math.pi / 180
+    dx, dy = (torch.ceil(taps * a.cos() - 0.5).long(), torch.ceil(taps * a.sin() - 0.5).long())  # (B, taps)
+    ys, xs = torch.arange(H, device=x.device), torch.arange(W, device=x.device)
+    flat, out = x.double().flatten(2), torch.zeros(B, C, H * W, device=x.device, dtype=torch.float64)
+    for i, w in enumerate(weights):
+        rows = (ys[None] + dy[:, i, None]).clamp(0, H - 1)[:, :, None]  # (B, H, 1)
+        cols = (xs[None] + dx[:, i, None]).clamp(0, W - 1)[:, None, :]  # (B, 1, W)
+        out += w * flat.gather(2, (rows * W + cols).view(B, 1, H * W).expand(B, C, H * W))
+    out = out.view(B, C, H, W)
+    return ((out * 255 * 257).round() / 257).floor().to(x.dtype) / 255
 
 
-def motion_blur(x, c, g, angles=(-45, 45)):
-    """ImageMagick-style one-sided motion blur: Gaussian-weighted copies shifted along a random angle (degrees)."""
-    length, sigma = c
-    lo, hi = angles
-    angle = (torch.rand(len(x), generator=g, device=x.device) * (hi - lo) + lo) * math.pi / 180
-    out = torch.zeros_like(x)
-    weights = [math.exp(-(d**2) / (2 * sigma**2)) for d in range(length)]
-    for d, w in enumerate(weights):
-        out += w * shift(x, d * torch.sin(angle), d * torch.cos(angle))
-    return out / sum(weights)
+def motion_blur(x, c, g):
+    """ImageMagick's motion blur (radius, sigma) at an angle drawn uniformly in [-45, 45] degrees per image."""
+    return motion(x, *c, torch.rand(len(x), generator=g, device=x.device) * 90 - 45)
 
 
-def zoom(x, factor):
-    """Zoom into the centre by `factor` (bilinear), keeping the size."""
+def clipped_zoom(x, z):
+    """make_cifar_c's clipped_zoom: the ceil(H / z) central rows and columns (from (H - ch) // 2), zoomed by SciPy
+    (order 1, corner to corner) to round(ch * z), then trimmed back to H from ((round(ch * z) - H) // 2). The crop
+    is whole pixels, so the zoom is quantised and its centre sits up to half a pixel up-left."""
     H, W = x.shape[-2:]
-    theta = torch.tensor([[1 / factor, 0, 0], [0, 1 / factor, 0]], dtype=x.dtype, device=x.device)
-    grid = F.affine_grid(theta.expand(len(x), 2, 3), list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, align_corners=False)
+    ch, cw = math.ceil(H / z), math.ceil(W / z)
+    top, left = (H - ch) // 2, (W - cw) // 2
+    oh, ow = round(ch * z), round(cw * z)
+    out = F.interpolate(x[..., top:top + ch, left:left + cw], size=(oh, ow), mode="bilinear", align_corners=True)
+    top, left = (oh - H) // 2, (ow - W) // 2
+    return out[..., top:top + H, left:left + W]
 
 
 def zoom_blur(x, c, g):
-    """The image averaged with its zooms by 1, 1.01, ... up to c, the factors of np.arange(1, c, 0.01) exactly."""
+    """The image averaged with its clipped zooms by 1, 1.01, ... up to c, the factors of np.arange(1, c, 0.01)."""
     factors = np.arange(1, c, 0.01).tolist()
-    return (x + sum(zoom(x, z) for z in factors)) / (len(factors) + 1)
+    return (x + sum(clipped_zoom(x, z) for z in factors)) / (len(factors) + 1)
 
 
 def plasma_fractal(n, size, decay, g, device):
@@ -204,151 +240,177 @@ def saturate(x, c, g):
     return torch.where(s > 0, coloured, grey)
 
 
+def through_pil(x, fn):
+    """Apply fn (a PIL image -> a PIL image) to each image of x as the 8-bit image it is, on the CPU."""
+    from PIL import Image
+
+    u8 = (x * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    out = [np.asarray(fn(Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a))) for a in u8]
+    out = torch.from_numpy(np.stack(out)).to(x.device)
+    return (out[:, None] if out.ndim == 3 else out.permute(0, 3, 1, 2)).float() / 255
+
+
 def pixelate(x, c, g):
-    """Box-downscale to c times the size, then back up (nearest)."""
+    """PIL's BOX resize to int(c * size), then back up with BOX (as the release)."""
+    from PIL import Image
+
     H, W = x.shape[-2:]
-    small = F.interpolate(x, size=(int(H * c), int(W * c)), mode="area")
-    return F.interpolate(small, size=(H, W), mode="nearest")
-
-
-LUMA_Q = torch.tensor([16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57, 69, 56,
-                       14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64, 81, 104, 113,
-                       92, 49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99.0]).view(8, 8)
-CHROMA_Q = torch.full((8, 8), 99.0)
-CHROMA_Q[:4, :4] = torch.tensor([17, 18, 24, 47, 18, 21, 26, 66, 24, 26, 56, 99, 47, 66, 99, 99.0]).view(4, 4)
-
-
-def dct_matrix():
-    k, n = torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij")
-    m = torch.cos((2 * n + 1) * k * math.pi / 16) * math.sqrt(2 / 8)
-    m[0] /= math.sqrt(2)
-    return m  # orthonormal 8-point DCT-II
-
-
-def jpeg_plane(p, table, quality):
-    """Quantise one plane (B, H, W) in [0, 255] through 8x8 block DCTs with the IJG-scaled table."""
-    scale = 5000 / quality if quality < 50 else 200 - 2 * quality
-    q = ((table * scale + 50) / 100).floor().clamp(1, 255).to(p)
-    B, H, W = p.shape
-    ph, pw = -H % 8, -W % 8
-    p = F.pad(p[:, None], (0, pw, 0, ph), mode="replicate")[:, 0] - 128
-    blocks = p.unfold(1, 8, 8).unfold(2, 8, 8)  # (B, H/8, W/8, 8, 8)
-    d = dct_matrix().to(p)
-    coef = d @ blocks @ d.T
-    blocks = d.T @ ((coef / q).round() * q) @ d
-    out = blocks.permute(0, 1, 3, 2, 4).reshape(B, H + ph, W + pw) + 128
-    return out[:, :H, :W]
+    return through_pil(x, lambda img: img.resize((int(W * c), int(H * c)), Image.BOX).resize((W, H), Image.BOX))
 
 
 def jpeg_compression(x, quality, g):
-    """Baseline JPEG of the given quality: YCbCr, 4:2:0 chroma subsampling (PIL's default), 8x8 DCT quantisation."""
-    x = x * 255
-    if x.shape[1] == 1:
-        return jpeg_plane(x[:, 0], LUMA_Q, quality)[:, None] / 255
-    r, gr, b = x.unbind(1)
-    y = 0.299 * r + 0.587 * gr + 0.114 * b
-    cb = 128 - 0.168736 * r - 0.331264 * gr + 0.5 * b
-    cr = 128 + 0.5 * r - 0.418688 * gr - 0.081312 * b
-    y = jpeg_plane(y, LUMA_Q, quality)
+    """PIL's JPEG codec (libjpeg; 4:2:0 chroma for colour), saved at this quality and read back, as the release."""
+    from PIL import Image
+
+    def codec(img):
+        buffer = io.BytesIO()
+        img.save(buffer, "JPEG", quality=quality)
+        return Image.open(buffer)
+
+    return through_pil(x, codec)
+
+
+def sample(x, read, align_corners):
+    """Bilinear values of x at the pixel coordinates read (B, H, W, 2) as (x, y), the border reflected: about the
+    edge pixels' centres with align_corners (OpenCV's BORDER_REFLECT_101), about their outer edges without (SciPy's
+    "reflect")."""
     H, W = x.shape[-2:]
-    chroma = []
-    for ch in (cb, cr):  # subsample 2x2, compress, upsample
-        small = F.avg_pool2d(ch[:, None], 2, ceil_mode=True)[:, 0]
-        small = jpeg_plane(small, CHROMA_Q, quality)
-        chroma.append(F.interpolate(small[:, None], scale_factor=2, mode="nearest")[:, 0, :H, :W])
-    cb, cr = chroma
-    rgb = torch.stack([y + 1.402 * (cr - 128), y - 0.344136 * (cb - 128) - 0.714136 * (cr - 128),
-                       y + 1.772 * (cb - 128)], 1)
-    return rgb / 255
+    size = torch.tensor([W, H], device=x.device, dtype=read.dtype)
+    grid = read / (size - 1) * 2 - 1 if align_corners else (read + 0.5) / size * 2 - 1
+    return F.grid_sample(x, grid.to(x.dtype), align_corners=align_corners, padding_mode="reflection")
 
 
 def elastic_transform(x, c, g):
-    """A random affine jitter of three points, then a smooth random displacement field (bilinear, reflected)."""
+    """Two resamplings, as the release: an affine warp that moves three points by up to c[2] (OpenCV's warpAffine,
+    positions on its 1/32-pixel grid), then a displacement field of uniform noise smoothed by a Gaussian of sigma
+    c[1] (truncated at 3 sigma, SciPy's reflected border) and scaled by c[0] (SciPy's map_coordinates, order 1).
+    c is in fractions of the image height."""
     B, _, H, W = x.shape
     disp, smooth, jitter = (v * H for v in c)
-    ys, xs = torch.meshgrid(torch.arange(H, device=x.device, dtype=x.dtype),
-                            torch.arange(W, device=x.device, dtype=x.dtype), indexing="ij")
-    centre, half = torch.tensor([H // 2, W // 2], dtype=x.dtype), min(H, W) // 3
-    src = torch.stack([centre + half, torch.stack([centre[0] + half, centre[1] - half]), centre - half])  # (3, 2)
-    dst = src + (torch.rand(B, 3, 2, generator=g, device=x.device) * 2 - 1).cpu() * jitter
-    ones = torch.ones(3, 1, dtype=x.dtype)
-    M = torch.linalg.solve(torch.cat([dst, ones.expand(B, 3, 1)], -1), src.expand(B, 3, 2)).to(x.device)  # dst->src
-    pts = torch.stack([ys, xs, torch.ones_like(ys)], -1).view(1, -1, 3)  # output pixel -> where to read
-    read = (pts @ M).view(B, H, W, 2)
-    if disp > 0:
-        noise = torch.rand(B, 2, H, W, generator=g, device=x.device) * 2 - 1
-        field = filter2d(noise, gaussian_kernel(smooth, radius=min(math.ceil(3 * smooth), H // 2 - 1))) * disp
-        read = read + field.permute(0, 2, 3, 1)
-    grid = torch.stack([read[..., 1] / (W - 1), read[..., 0] / (H - 1)], -1) * 2 - 1
-    return F.grid_sample(x, grid, align_corners=True, padding_mode="reflection")
+    centre, half = torch.tensor([H // 2, W // 2], dtype=torch.float64), min(H, W) // 3
+    before = torch.stack([centre + half, centre + torch.tensor([half, -half]), centre - half])  # (3, 2) as (x, y)
+    after = before + (torch.rand(B, 3, 2, generator=g, device=x.device).cpu().double() * 2 - 1) * jitter
+    # the warp reads output point p at M p, M the affine map that takes the moved points back to the original ones
+    M = torch.linalg.solve(torch.cat([after, torch.ones(B, 3, 1, dtype=torch.float64)], -1), before.expand(B, 3, 2))
+    ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64), indexing="ij")
+    read = (torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, -1, 3) @ M).view(B, H, W, 2)
+    x = sample(x, (read * 32).round().to(x.device) / 32, align_corners=True)
+    if disp == 0:
+        return x  # severity 1: SciPy then reads every pixel at its own place
+    noise = torch.rand(B, 2, H, W, generator=g, device=x.device, dtype=torch.float64) * 2 - 1  # (dx, dy) fields
+    field = gaussian_filter(noise, smooth, mode="symmetric", truncate=3) * disp
+    read = torch.stack([xs, ys], -1).to(x.device)[None] + field.permute(0, 2, 3, 1)
+    return sample(x, read, align_corners=False)
 
 
 def glass_blur(x, c, g):
-    """Blur, shuffle pixels locally, blur again: from the bottom-right corner up, each pixel swaps with a neighbour
-    at a random offset in [-max_shift, max_shift) (numpy's randint), one pass or two; on uint8 values in between."""
+    """Blur, shuffle pixels locally, blur again: from the bottom-right corner up, each pixel takes the value of a
+    neighbour at a random offset in [-max_shift, max_shift) (numpy's randint), one pass or two; on uint8 values in
+    between. The release's "swap" (`x[h, w], x[h', w'] = x[h', w'], x[h, w]` on numpy views) is in fact this copy:
+    the second assignment reads the value the first has just written, so each pass moves a value one step."""
     sigma, delta, passes = c
     B, C, H, W = x.shape
-    x = (gaussian_blur(x, sigma, g).clamp(0, 1) * 255).to(torch.uint8)  # np.uint8 truncates, as .to does
+    x = truncate(gaussian_blur(x, sigma, g).clamp(0, 1) * 255).to(torch.uint8)
     rows = torch.arange(B, device=x.device)
     for _ in range(passes):
         for h in range(H - delta, delta, -1):
             for w in range(W - delta, delta, -1):
                 dx, dy = torch.randint(-delta, delta, (2, B), generator=g, device=x.device)
-                here, there = x[:, :, h, w].clone(), x[rows, :, h + dy, w + dx]  # (B, C) each
-                x[:, :, h, w] = there
-                x[rows, :, h + dy, w + dx] = here
+                x[:, :, h, w] = x[rows, :, h + dy, w + dx]
     return gaussian_blur(x.float() / 255, sigma, g)
 
 
 def snow(x, c, g):
-    """Snowflakes: Gaussian noise zoomed in, thresholded, motion-blurred along a random angle in [-135, -45] and
-    added with its 180-degree rotation, over the image lightened towards 1.5 grey + 0.5."""
-    loc, scale, zoom_factor, threshold, length, sigma, keep = c
+    """Snowflakes: Gaussian noise, clipped-zoomed, thresholded, stored as an 8-bit image, motion-blurred by
+    ImageMagick along a random angle in [-135, -45] and added with its 180-degree rotation, over the image lightened
+    towards 1.5 grey + 0.5."""
+    loc, scale, zoom_factor, threshold, radius, sigma, keep = c
     B, _, H, W = x.shape
-    flakes = zoom(loc + scale * torch.randn(B, 1, H, W, generator=g, device=x.device), zoom_factor)
+    flakes = clipped_zoom(loc + scale * torch.randn(B, 1, H, W, generator=g, device=x.device), zoom_factor)
     flakes = torch.where(flakes < threshold, 0.0, flakes).clamp(0, 1)
-    flakes = (flakes * 255).floor() / 255  # the release stores the layer as an 8-bit image before blurring it
-    flakes = motion_blur(flakes, (length, sigma), g, angles=(-135, -45))
+    flakes = truncate(flakes * 255) / 255
+    flakes = motion(flakes, radius, sigma, torch.rand(B, generator=g, device=x.device) * 90 - 135)
     x = keep * x + (1 - keep) * torch.maximum(x, grey(x) * 1.5 + 0.5)
     return x + flakes + flakes.flip(-2, -1)
 
 
-def box3(x):
-    """OpenCV's 3x3 blur: the mean of each pixel's neighbourhood, the border reflected."""
-    return filter2d(x, torch.full((3, 3), 1 / 9))
+def shifted(v, dy, dx, fill):
+    """v (B, 1, H, W) moved so that pixel p holds v[p + (dy, dx)], `fill` outside."""
+    H, W = v.shape[-2:]
+    padded = F.pad(v, (2, 2, 2, 2), value=fill)
+    return padded[..., 2 + dy:2 + dy + H, 2 + dx:2 + dx + W]
 
 
-def edges(v):
-    """Edge pixels of 8-bit images (B, 1, H, W): where the Sobel gradient (L1 norm, as OpenCV's Canny) exceeds
-    Canny's high threshold 150 (no thinning or hysteresis)."""
-    kx = torch.tensor([[-1.0, 0, 1], [-2, 0, 2], [-1, 0, 1]])
-    return filter2d(v, kx).abs() + filter2d(v, kx.T).abs() > 150
+def canny(v, low=50, high=150):
+    """OpenCV's Canny of 8-bit images (B, 1, H, W), aperture 3, L1 gradient: the Sobel gradient (border replicated),
+    non-maximum suppression across the gradient's direction quantised to 0, 45, 90 or 135 degrees (OpenCV's
+    fixed-point tan 22.5 test and its > / >= ties), then hysteresis: edges grow from pixels above `high` through
+    8-connected ones above `low`."""
+    sobel = torch.tensor([[-1.0, 0, 1], [-2, 0, 2], [-1, 0, 1]])
+    dx, dy = filter2d(v, sobel, "replicate"), filter2d(v, sobel.T, "replicate")  # integers: float32 is exact
+    mag = dx.abs() + dy.abs()
+    at = lambda dy_, dx_: shifted(mag, dy_, dx_, 0.0)  # noqa: E731  the magnitude of a neighbour, 0 outside
+    tg22 = int(0.4142135623730950488 * 2**15 + 0.5)
+    ax, ay = dx.abs(), dy.abs() * 2**15
+    horizontal = ay < ax * tg22
+    vertical = ay > ax * tg22 + ax * 2**16
+    diagonal = torch.where((dx < 0) != (dy < 0), (mag > at(-1, 1)) & (mag > at(1, -1)),
+                           (mag > at(-1, -1)) & (mag > at(1, 1)))
+    peak = torch.where(horizontal, (mag > at(0, -1)) & (mag >= at(0, 1)),
+                       torch.where(vertical, (mag > at(-1, 0)) & (mag >= at(1, 0)), diagonal))
+    weak = peak & (mag > low)
+    edge = weak & (mag > high)
+    while True:
+        grown = weak & (F.max_pool2d(edge.float(), 3, 1, 1) > 0)
+        if torch.equal(grown, edge):
+            return edge
+        edge = grown
 
 
-def edge_distance(e, cap):
-    """Distance of each pixel to the nearest True pixel of e (B, 1, H, W), capped at `cap`: a chamfer
-    approximation of OpenCV's L2 distance transform (steps 1 and sqrt 2), exact within the cap's range."""
-    d = torch.where(e, 0.0, float(cap))
+def edge_distance(e, cap=20):
+    """OpenCV's distanceTransform(DIST_L2, 5) to the nearest pixel of e (B, 1, H, W), truncated at cap: the 5x5
+    chamfer distance, steps 1, 1.4 and 2.1969 in 16-bit fixed point, as a shortest path (pixels off the image do
+    not count). Paths of length <= cap take at most cap steps, so cap rounds of relaxation are exact."""
+    steps = {(dy, dx): round(w * 2**16) for dy in range(-2, 3) for dx in range(-2, 3)
+             for w in [{1: 1.0, 2: 1.4, 5: 2.1969}.get(dy * dy + dx * dx)] if w}
+    far = float(cap + 3) * 2**16
+    d = torch.where(e, 0.0, far)  # integers below 2^24: float32 is exact
     for _ in range(cap):
-        shifted = F.pad(d, (1, 1, 1, 1), value=float(cap)).unfold(2, 3, 1).unfold(3, 3, 1)  # (B, 1, H, W, 3, 3)
-        step = torch.tensor([[2**0.5, 1, 2**0.5], [1, 0, 1], [2**0.5, 1, 2**0.5]], device=d.device)
-        d = (shifted + step).amin((-2, -1)).clamp(max=cap)
-    return d
+        d = torch.stack([shifted(d, dy, dx, far) + w for (dy, dx), w in steps.items()] + [d]).amin(0)
+    return (d.double() / 2**16).clamp(max=cap)
+
+
+def box3(x):
+    """OpenCV's 3x3 blur: the sum of each pixel's neighbourhood times 1/9 (in double), the border reflected."""
+    return filter2d(x.double(), torch.ones(3, 3, dtype=torch.float64)) * (1 / 9)
 
 
 def equalize(v):
-    """OpenCV's equalizeHist of 8-bit images (B, 1, H, W), each on its own histogram."""
+    """OpenCV's equalizeHist of 8-bit images (B, 1, H, W), each on its own histogram: the darkest value present
+    goes to 0, the others to round(cdf above it * 255 / pixels above it) in float32; an image of one value stays."""
     B = len(v)
     flat = v.reshape(B, -1).long()
     hist = torch.zeros(B, 256, device=v.device).scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float))
     cdf = hist.cumsum(1)
     low = cdf.gather(1, (hist > 0).float().argmax(1, keepdim=True))  # the count of the darkest value present
-    lut = ((cdf - low) * 255 / (flat.shape[1] - low).clamp(min=1)).round().clamp(0, 255)
-    return lut.gather(1, flat).view_as(v)
+    scale = (255 / (flat.shape[1] - low)).float()
+    lut = ((cdf - low).float() * scale).round().clamp(0, 255)
+    lut = torch.where(low == flat.shape[1], torch.arange(256.0, device=v.device), lut)
+    return lut.gather(1, flat).view_as(v).to(v.dtype)
+
+
+def water(liquid):
+    """The water texture of spatter from the 8-bit liquid layer (B, 1, H, W), step by step as make_cifar_c.py: the
+    distance to Canny's edges truncated at 20, a 3x3 blur truncated to 8 bits, equalised, embossed (OpenCV's
+    filter2D to 8 bits, rounded), blurred again to 8 bits; times the liquid."""
+    dist = box3(edge_distance(canny(liquid), 20)).floor()
+    emboss = torch.tensor([[-2.0, -1, 0], [-1, 1, 1], [0, 1, 2]], dtype=torch.float64)
+    dist = box3(filter2d(equalize(dist), emboss).round().clamp(0, 255)).round()
+    return liquid.double() * dist
 
 
 def spatter(x, c, g):
-    """Liquid spatter: blurred Gaussian noise, thresholded, as water (severities 1-3: its edge-distance texture,
+    """Liquid spatter: Gaussian noise blurred and thresholded, as water (severities 1-3: its edge-distance texture,
     embossed, pale turquoise added) or mud (4-5: the blobs, blurred, blended in brown)."""
     loc, scale, sigma, threshold, strength, mud = c
     B, C, H, W = x.shape
@@ -358,11 +420,8 @@ def spatter(x, c, g):
         m = gaussian_blur((liquid > threshold).float(), strength, g)
         m = torch.where(m < 0.8, 0.0, m)
         return x * (1 - m) + colour((63, 42, 20), C, x.device) * m
-    liquid = (liquid * 255).clamp(0, 255).floor()  # the release's uint8 layer
-    dist = box3(edge_distance(edges(liquid), 20)).floor()
-    emboss = torch.tensor([[-2.0, -1, 0], [-1, 1, 1], [0, 1, 2]])
-    dist = box3(filter2d(equalize(dist), emboss).round().clamp(0, 255))
-    m = liquid * dist
+    liquid = truncate(liquid * 255) % 256  # astype(np.uint8): above 255 it wraps around (as on x86)
+    m = water(liquid).float()
     m = m / m.amax((2, 3), keepdim=True).clamp(min=1e-12) * strength
     return x + m * colour((175, 238, 238), C, x.device)
 
@@ -386,7 +445,7 @@ def load_frost(folder):
             raise ValueError(f"{path} is present but not a readable image ({e})") from None
         h, w = img.shape[1:]
         textures.append(F.interpolate(img[None], size=(round(h * 0.2), round(w * 0.2)), mode="bilinear",
-                                      align_corners=False)[0])
+                                      align_corners=False)[0].round())  # cv2.resize of an 8-bit image
     return textures
 
 
@@ -395,12 +454,12 @@ def frost(x, c, g, textures):
     generator draws randint(5) of its six files)."""
     B, C, H, W = x.shape
     pick = torch.randint(5, (B,), generator=g, device=x.device)
-    u = torch.rand(2, B, generator=g, device=x.device)  # where the crop starts, as a fraction of the free range
+    u = torch.rand(2, B, generator=g, device=x.device)  # the crop's start: randint(0, size - H), as a fraction
     crops = x.new_empty(B, 3, H, W)
     for k in range(5):
         tex, n = textures[k].to(x.device), (pick == k).nonzero().squeeze(1)
-        top = (u[0, n] * (tex.shape[1] - H + 1)).long().clamp(max=tex.shape[1] - H)
-        left = (u[1, n] * (tex.shape[2] - W + 1)).long().clamp(max=tex.shape[2] - W)
+        top = (u[0, n] * (tex.shape[1] - H)).long().clamp(max=tex.shape[1] - H - 1)
+        left = (u[1, n] * (tex.shape[2] - W)).long().clamp(max=tex.shape[2] - W - 1)
         rows = (top[:, None] + torch.arange(H, device=x.device))[:, :, None]  # (n, H, 1)
         cols = (left[:, None] + torch.arange(W, device=x.device))[:, None, :]  # (n, 1, W)
         crops[n] = tex[:, rows, cols].permute(1, 0, 2, 3)  # (n, 3, H, W)
@@ -421,7 +480,7 @@ def check_corruption(name, severity):
 
 
 def corrupt(images, name, severity, generator, frost_dir=None):
-    """uint8 (B, C, H, W) images -> the corrupted uint8 images (rounded, as in the released files). frost_dir: the
+    """uint8 (B, C, H, W) images -> the corrupted uint8 images (truncated, as in the released files). frost_dir: the
     folder of the six frost textures (only for frost)."""
     check_corruption(name, severity)
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
@@ -432,7 +491,7 @@ def corrupt(images, name, severity, generator, frost_dir=None):
         textures = load_frost(frost_dir)
         fn = lambda x, c, g: frost(x, c, g, textures)  # noqa: E731
     x = fn(images.float() / 255, SEVERITY[name][severity - 1], generator)
-    return (x.clamp(0, 1) * 255).round().to(torch.uint8)
+    return truncate(x.clamp(0, 1) * 255).to(torch.uint8)
 
 
 def check_release(folder, names, image_shape):

@@ -1,6 +1,9 @@
 """corruptions.py: the generated corruptions of CIFAR-10-C (shape, dtype, change; strength growing with what each
 severity controls; identity limits; closed forms where there is one) and the reader of the official release."""
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -56,15 +59,16 @@ def test_strength_grows_with_severity(name):
 
 
 def test_severity_of_the_three_non_monotone_corruptions():
-    """Saturate: severities 1-2 desaturate, 3-5 oversaturate. Pixelate: the effective resolution falls. Elastic: with
-    the affine jitter removed, the local displacement grows (the release trades jitter for local distortion)."""
+    """Saturate: severities 1-2 desaturate, 3-5 oversaturate. Pixelate: a row has at most int(32 c) distinct values.
+    Elastic: with the affine jitter removed, the local displacement grows (the release trades jitter for local
+    distortion)."""
     x = smooth_images(32, 3, 32).float() / 255
     sat = lambda img: ((img.amax(1) - img.amin(1)) / img.amax(1).clamp_min(1e-6)).mean().item()  # noqa: E731
     s0 = sat(x)
     sats = [sat(C.saturate(x, C.SEVERITY["saturate"][s - 1], None)) for s in range(1, 6)]
     assert sats[0] < s0 and sats[1] < sats[0] and all(v > s0 for v in sats[2:])
     distinct = [len(torch.unique(C.pixelate(x, c, None)[0, 0, 0])) for c in C.SEVERITY["pixelate"]]
-    assert distinct == sorted(distinct, reverse=True) and distinct[-1] <= int(32 * 0.65)
+    assert all(d <= int(32 * c) for d, c in zip(distinct, C.SEVERITY["pixelate"])) and distinct[-1] < distinct[0]
     local = [change(C.elastic_transform(x, (d, sm, 0.0), torch.Generator().manual_seed(0)), x)
              for d, sm, _ in C.SEVERITY["elastic_transform"][1:]]
     assert local == sorted(local) and local[-1] > local[0]
@@ -73,7 +77,7 @@ def test_severity_of_the_three_non_monotone_corruptions():
 @pytest.mark.parametrize("name,identity", [("gaussian_noise", 0.0), ("speckle_noise", 0.0), ("impulse_noise", 0.0),
                                            ("contrast", 1.0), ("brightness", 0.0), ("saturate", (1.0, 0.0)),
                                            ("pixelate", 1.0), ("zoom_blur", 1.0), ("fog", (0.0, 2.0)),
-                                           ("motion_blur", (1, 1.0)), ("elastic_transform", (0.0, 0.0, 0.0)),
+                                           ("motion_blur", (0, 1.0)), ("elastic_transform", (0.0, 0.0, 0.0)),
                                            ("snow", (0.0, 0.1, 1, 5.0, 8, 3, 1.0)),
                                            ("spatter", (-5.0, 0.1, 0.7, 0.7, 0.5, 0)),
                                            ("spatter", (-5.0, 0.1, 0.7, 0.7, 0.5, 1))])
@@ -112,13 +116,13 @@ def test_reader_of_the_official_release(tmp_path):
 def test_zoom_blur_uses_the_reference_zoom_factors(monkeypatch):
     """np.arange(1, c, 0.01) as in make_cifar_c.py: 7, 12, 16, 21 and 26 zooms (not one more at severities 3-5)."""
     counts = []
-    real = C.zoom
+    real = C.clipped_zoom
 
     def counting(x, factor):
         counts[-1] += 1
         return real(x, factor)
 
-    monkeypatch.setattr(C, "zoom", counting)
+    monkeypatch.setattr(C, "clipped_zoom", counting)
     x = smooth_images(2, 3, 32)
     for s in range(1, 6):
         counts.append(0)
@@ -126,23 +130,28 @@ def test_zoom_blur_uses_the_reference_zoom_factors(monkeypatch):
     assert counts == [7, 12, 16, 21, 26]
 
 
-def test_glass_blur_shuffles_locally_and_more_with_two_passes():
-    """Without the blur, glass blur only swaps pixels with neighbours: the multiset of values of an image is kept;
-    the second pass (severities 4-5) moves more pixels than one; a larger sigma smooths more."""
+def test_glass_blur_copies_from_up_left_neighbours_as_the_release_does():
+    """Without the blur (sigma 0.05: a kernel of radius 0), one pass sets each scanned pixel to the original value of
+    itself or of its up, left or up-left neighbour (offsets in [-1, 1) from the bottom-right up: the release's "swap"
+    is a copy, and the source is not yet visited); values are copied, not swapped, so some are lost; two passes
+    (severities 4-5) carry values further; a larger sigma smooths more."""
     x = (torch.rand(8, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 255).round() / 255
-    one = C.glass_blur(x, (1e-3, 1, 1), torch.Generator().manual_seed(1))
-    two = C.glass_blur(x, (1e-3, 1, 2), torch.Generator().manual_seed(1))
-    for y in [one, two]:
-        assert torch.equal(torch.sort(y.flatten(1) * 255).values.round(), torch.sort(x.flatten(1) * 255).values.round())
-    assert (two != x).float().mean() > (one != x).float().mean() > 0.3
+    one = C.glass_blur(x, (0.05, 1, 1), torch.Generator().manual_seed(1))
+    two = C.glass_blur(x, (0.05, 1, 2), torch.Generator().manual_seed(1))
+    inner = (slice(None), slice(None), slice(2, 32), slice(2, 32))
+    sources = torch.stack([x[..., 2:, 2:], x[..., 1:-1, 2:], x[..., 2:, 1:-1], x[..., 1:-1, 1:-1]])
+    assert ((one[inner] - sources).abs() < 1e-6).any(0).all()
+    assert (one[inner] != x[inner]).float().mean() > 0.5
+    assert all(len(torch.unique(y[k])) < len(torch.unique(x[k])) for y in (one, two) for k in range(8))
+    assert not ((two[inner] - sources).abs() < 1e-6).any(0).all()
     tv = lambda y: (y[..., 1:, :] - y[..., :-1, :]).abs().mean()  # noqa: E731
-    assert tv(C.glass_blur(x, (0.4, 1, 1), torch.Generator().manual_seed(1))) < \
-        tv(C.glass_blur(x, (0.05, 1, 1), torch.Generator().manual_seed(1)))
+    assert tv(C.glass_blur(x, (0.4, 1, 1), torch.Generator().manual_seed(1))) < tv(one)
 
 
 def test_snow_spatter_frost_strength_follows_their_severity(frost_dir):
     """Snow: more and longer flakes lighten the image more from severity 1 to 2, 4 and 5. Spatter: water (1-3) only
-    adds light, mud (4-5) changes more, and severity 5 most. Frost: the image's weight falls and the frost's rises."""
+    adds light, more from 1 to 3; mud (4-5) more at 5 (the release's own order on photographs is 1 < 4 < 2 < 5 < 3).
+    Frost: the image's weight falls and the frost's rises."""
     x = smooth_images(64, 3, 32)
     lighter = [(C.corrupt(x, "snow", s, torch.Generator().manual_seed(0)).float() - x.float()).mean().item()
                for s in range(1, 6)]
@@ -150,7 +159,7 @@ def test_snow_spatter_frost_strength_follows_their_severity(frost_dir):
     spat = [C.corrupt(x, "spatter", s, torch.Generator().manual_seed(0)) for s in range(1, 6)]
     assert all((y.int() >= x.int() - 1).all() for y in spat[:3])  # water adds pale turquoise (up to rounding)
     d = [change(y, x) for y in spat]
-    assert max(d[:3]) < d[3] < d[4] and d[0] > 0
+    assert 0 < d[0] < d[1] < d[2] and d[3] < d[4]
     weights = C.SEVERITY["frost"]
     assert [a for a, _ in weights] == sorted([a for a, _ in weights], reverse=True)
     assert [b for _, b in weights] == sorted(b for _, b in weights)
@@ -164,7 +173,7 @@ def test_frost_is_the_weighted_sum_with_the_texture(tmp_path):
     x = smooth_images(4, 3, 32)
     for s, (a, b) in enumerate(C.SEVERITY["frost"], start=1):
         y = C.corrupt(x, "frost", s, torch.Generator().manual_seed(0), str(tmp_path))
-        assert torch.equal(y, ((x.float() / 255 * a + b).clamp(0, 1) * 255).round().to(torch.uint8))
+        assert torch.equal(y, (x.double() * a + b * 255).clamp(0, 255).floor().to(torch.uint8))  # np.uint8 truncates
     assert C.corrupt(smooth_images(2, 1, 28), "frost", 3, torch.Generator().manual_seed(0), str(tmp_path)).shape == \
         (2, 1, 28, 28)
     with pytest.raises(FileNotFoundError, match="frost1.png.*hendrycks/robustness"):
@@ -189,3 +198,58 @@ def test_reader_takes_all_19_corruptions_of_a_fake_release(tmp_path):
         C.read_release(str(tmp_path), "fog", 1)
     with pytest.raises(ValueError, match="--n-corrupt 5 asks for more than the 4"):
         C.read_release(str(tmp_path), "snow", 1, n=5)
+
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "cifar_c_reference.npz")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import cifar_c_fidelity as fidelity  # noqa: E402
+
+
+@pytest.mark.parametrize("name", fidelity.DETERMINISTIC)
+def test_deterministic_corruptions_equal_the_release_generator(name):
+    """The output of make_cifar_c.py itself on a photograph (tests/fixtures, written by tools/cifar_c_fidelity.py in an
+    environment with its libraries): every value within 1 grey level at every severity (float rounding before
+    np.uint8's truncation), and on average within 0.12."""
+    ref = np.load(FIXTURE)
+    for s in range(1, 6):
+        d = np.abs(fidelity.ours(ref["images"], name, s).astype(int) - ref[f"{name}/{s}"])
+        assert d.max() <= 1 and d.mean() <= 0.12, (s, d.max(), d.mean())
+
+
+@pytest.mark.parametrize("name,most,mean", [("motion_blur", 1, 0.01), ("snow", 1, 0.01), ("spatter", 1, 0.01),
+                                            ("fog", 1, 0.01), ("glass_blur", 2, 0.1), ("elastic_transform", 3, 0.2)])
+def test_random_corruptions_equal_the_release_given_its_draws(name, most, mean):
+    """With make_cifar_c.py's own random draws replayed into torch (tests/fixtures), ours gives its output: to
+    float rounding (ImageMagick's motion blur, Canny, the chamfer distance and the rest of spatter's water, the
+    plasma fractal, the clipped zoom of snow), within 2 levels for glass blur (rounding before its 8-bit step, then
+    carried by the copies), within 3 for elastic (OpenCV's warpAffine uses fixed-point interpolation weights)."""
+    ref = dict(np.load(FIXTURE))
+    ref["images"] = ref["replay/images"]
+    for s in range(1, 6):
+        d = np.abs(fidelity.replayed(ref, name, s, 0).astype(int) - ref[f"replay/{name}/{s}/0"])
+        assert d.max() <= most and d.mean() <= mean, (s, d.max(), d.mean())
+
+
+def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
+    """numpy's normal(loc, scale), uniform(low, high) and randint come back from torch's randn, rand and randint as
+    the standardised values, in order, however the request is shaped; per-pixel (H, W, C) noise as (C, H, W)."""
+    log = []
+    with fidelity.recording(log):
+        np.random.seed(0)
+        n = np.random.normal(2.0, 3.0, size=(4, 5, 3))
+        u = [np.random.uniform(-45, 45), np.random.uniform(-1, 1, size=(2, 2))]
+        k = np.random.randint(-1, 1, size=(2,))
+    draws = {kind: [v for kd, v in log if kd == kind] for kind in ("randn", "rand", "randint")}
+    with fidelity.replaying(draws):
+        assert torch.allclose(torch.randn(1, 3, 4, 5, dtype=torch.float64),
+                              torch.from_numpy((n - 2) / 3).permute(2, 0, 1)[None])
+        assert torch.allclose(torch.rand(5, dtype=torch.float64) * 2 - 1,
+                              torch.tensor([u[0] / 45, *u[1].ravel()], dtype=torch.float64))
+        assert torch.randint(-1, 1, (2, 1)).view(-1).tolist() == k.tolist()
+    assert torch.randn(3).shape == (3,)  # torch's own again
+    steps = [np.array([1.0, 1.1]) + i for i in range(5)]
+    assert fidelity.same_order(steps, steps) == "same"
+    noisy = [np.random.default_rng(i).normal(10 + 0.001 * i, 1, 50) for i in range(5)]  # per image, unpaired
+    assert fidelity.same_order(noisy, noisy[::-1]) == "same within noise"
+    assert fidelity.same_order([np.arange(4.0) + i for i in range(5)],
+                               [np.arange(4.0) - i for i in range(5)]) == "ref 1 2 3 4 5, ours 5 4 3 2 1"
