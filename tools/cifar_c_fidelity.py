@@ -290,14 +290,16 @@ def fixture(args):
     pick = ((np.arange(args.images) + 0.5) * len(ref["images"]) / args.images).astype(int)
     out = {"images": ref["images"][pick]}
     out.update({f"{name}/{s}": ref[f"{name}/{s}"][pick] for name in DETERMINISTIC for s in range(1, 6)})
-    out["replay/images"] = ref["images"][:1]
-    for name in REPLAYABLE[2:]:
-        for s in range(1, 6):
-            key = f"replay/{name}/{s}/0"
-            out.update({k: ref[k] for k in ref.files if k == key or k.startswith(key + "/")})
+    # image 0 for every replayable corruption and severity; and an image whose liquid layer exceeds 1 at spatter's
+    # severity 3 (np.uint8 then wraps it around), stored as replay image 1
+    out["replay/images"] = ref["images"][[0, 4]]
+    for name, s, i, j in [(name, s, 0, 0) for name in REPLAYABLE[2:] for s in range(1, 6)] + [("spatter", 3, 4, 1)]:
+        key = f"replay/{name}/{s}/{i}"
+        out.update({k.replace(key, f"replay/{name}/{s}/{j}"): ref[k] for k in ref.files
+                    if k == key or k.startswith(key + "/")})
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     np.savez_compressed(args.out, **out)
-    print(f"{args.images} + 1 images -> {args.out} ({os.path.getsize(args.out) // 1024} KB)")
+    print(f"{args.images} + 2 images -> {args.out} ({os.path.getsize(args.out) // 1024} KB)")
 
 
 def main():
