@@ -23,10 +23,10 @@ not: run it in a scratch environment, then compare in the repository's:
     python tools/cifar_c_fidelity.py compare /tmp/ref.npz --frost-dir /tmp/robustness/ImageNet-C/create_c
     python tools/cifar_c_fidelity.py fixture /tmp/ref.npz     # rewrites tests/fixtures/cifar_c_reference.npz
 
-The photographs are scikit-image's bundled colour photographs, scaled so the short side is 128 (and 64) pixels and
-cut into 32x32 tiles. make_cifar_c.py was written for 2018's libraries; the few calls that have since changed name
-are mapped to today's (skimage's `multichannel=True` is `channel_axis=-1`, `np.float_` is `np.float64`,
-`np.fromstring` of bytes is `np.frombuffer`, scipy.ndimage.interpolation is scipy.ndimage).
+The photographs are scikit-image's bundled colour photographs, scaled so the short side is 128, 96 and 64 pixels
+and cut into 32x32 tiles (220 images). make_cifar_c.py was written for 2018's libraries; the few calls that have
+since changed name are mapped to today's (skimage's `multichannel=True` is `channel_axis=-1`, `np.float_` is
+`np.float64`, `np.fromstring` of bytes is `np.frombuffer`, scipy.ndimage.interpolation is scipy.ndimage).
 """
 
 import argparse
@@ -53,7 +53,7 @@ N_REPLAY = 32  # images replayed per corruption and severity
 
 
 def photographs():
-    """uint8 (N, 32, 32, 3) tiles of scikit-image's colour photographs at two scales."""
+    """uint8 (N, 32, 32, 3) tiles of scikit-image's colour photographs at three scales."""
     import skimage.data
     from PIL import Image
 
@@ -127,6 +127,7 @@ def recording(log):
 def reference(args):
     from PIL import Image
 
+    out_path = os.path.abspath(args.out)
     ref = load_reference(args.folder)
     images = photographs()
     out = {"images": images}
@@ -148,8 +149,8 @@ def reference(args):
                     out[f"replay/{name}/{severity}/{i}/{kind}_shapes"] = np.array(
                         [list(d.shape) + [0] * (3 - d.ndim) for d in draws], dtype=np.int64).reshape(-1, 3)
         print(name, flush=True)
-    np.savez_compressed(args.out, **out)
-    print(f"{len(images)} images -> {args.out}")
+    np.savez_compressed(out_path, **out)
+    print(f"{len(images)} images -> {out_path}")
 
 
 def ours(images, name, severity, frost_dir=None):
