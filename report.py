@@ -526,22 +526,24 @@ def draw_grokking(data, folder, plt):
 
 
 def draw_parity(data, folder, plt):
-    """Accuracies and Boolean sensitivity (all bits, and the k relevant ones) over training, one column per run."""
-    runs = {run: r for run, r in data["runs"].items() if r["history"]}
-    if not runs:
+    """Accuracies and Boolean sensitivity (all bits, and the k relevant ones) over training, one column per setting:
+    the mean over its seeds with a +-1 std band."""
+    groups = {m: [r["history"] for r in rs if r["history"]] for m, rs in models(data).items()}
+    groups = {m: hists for m, hists in groups.items() if hists}
+    if not groups:
         return []
     k = data.get("args", {}).get("k")
-    fig, axes = plt.subplots(2, len(runs), figsize=(3.6 * len(runs), 6), squeeze=False, sharex=True)
-    for j, (run, r) in enumerate(runs.items()):
+    fig, axes = plt.subplots(2, len(groups), figsize=(3.6 * len(groups), 6), squeeze=False, sharex=True)
+    for j, (setting, hists) in enumerate(groups.items()):
         ax = axes[0, j]
-        plot_curves(ax, [r["history"]], "step", "train_acc", "train")
-        plot_curves(ax, [r["history"]], "step", "test_acc", "test")
-        ax.set_title(run, fontsize=9)
+        plot_curves(ax, hists, "step", "train_acc", "train")
+        plot_curves(ax, hists, "step", "test_acc", "test")
+        ax.set_title(f"{setting} ({seeds(len(hists))})", fontsize=9)
         ax.set_ylabel("accuracy")
         ax.legend(fontsize=7)
         ax = axes[1, j]
-        plot_curves(ax, [r["history"]], "step", "sens_count", "sensitivity (count)")
-        plot_curves(ax, [r["history"]], "step", "sens_relevant", "on the k relevant bits")
+        plot_curves(ax, hists, "step", "sens_count", "sensitivity (count)")
+        plot_curves(ax, hists, "step", "sens_relevant", "on the k relevant bits")
         if k is not None:
             ax.axhline(k, color="gray", linestyle=":", label=f"k = {k}")
         ax.set_ylabel("Boolean sensitivity")

@@ -2,6 +2,7 @@
 reference, and a short end-to-end run."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -139,3 +140,20 @@ def test_a_short_run_learns_the_parity(tmp_path):
     final = parity.main(parity.parse_args(argv))["runs"]["setting1/seed0"]["final"]
     assert final["test_acc"] == 1.0 and final["sens_count"] == 2 and final["sens_relevant"] == 2
     assert final["sens_count_exact"] == pytest.approx(2.0)
+
+
+def test_the_parity_figure_has_one_column_per_setting_with_its_seeds_averaged(tmp_path, monkeypatch):
+    """report.draw_parity: runs of one setting with several seeds share a column, their curves averaged with a band
+    (every curve drawn from all of that setting's histories)."""
+    import report
+
+    hist = [{"step": t, "train_acc": 0.5, "test_acc": 0.5, "sens_count": 1.0, "sens_relevant": 0.5} for t in (0, 10)]
+    runs = {f"setting{s}/seed{seed}": {"model": f"setting{s}", "seed": seed, "history": hist, "final": {}}
+            for s, seed in [(1, 0), (1, 1), (1, 2), (3, 0)]}
+    drawn = []
+    real = report.plot_curves
+    monkeypatch.setattr(report, "plot_curves", lambda ax, hists, *a, **kw: drawn.append(len(hists)) or
+                        real(ax, hists, *a, **kw))
+    paths = report.draw({"script": "parity", "args": {"k": 3}, "runs": runs}, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["parity.png"]
+    assert drawn == [3, 3, 3, 3, 1, 1, 1, 1]
