@@ -264,3 +264,19 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
     assert fidelity.same_order(noisy, noisy[::-1]) == "same within noise"
     assert fidelity.same_order([np.arange(4.0) + i for i in range(5)],
                                [np.arange(4.0) - i for i in range(5)]) == "ref 1 2 3 4 5, ours 5 4 3 2 1"
+
+
+def test_frost_crops_are_windows_drawn_over_the_whole_texture():
+    """Textures that encode their own coordinates (red = row, green = column): every crop is an H x W window of one
+    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range."""
+    h, w = 120, 150
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
+                                indexing="ij")
+    textures = [torch.stack([rows, cols, torch.full_like(rows, 10.0 * k)]) for k in range(6)]
+    y = C.frost(torch.zeros(400, 3, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures) * 255
+    top, left = y[:, 0, 0, 0].round(), y[:, 1, 0, 0].round()
+    assert torch.allclose(y[:, 0], top[:, None, None] + torch.arange(32.0)[None, :, None], atol=1e-3)
+    assert torch.allclose(y[:, 1], left[:, None, None] + torch.arange(32.0)[None, None, :], atol=1e-3)
+    assert top.min() < 5 and top.max() > h - 32 - 6 and top.max() <= h - 33
+    assert left.min() < 5 and left.max() > w - 32 - 6 and left.max() <= w - 33
+    assert set(y[:, 2, 0, 0].round().div(10).long().tolist()) == {0, 1, 2, 3, 4}  # the first five textures

@@ -56,7 +56,7 @@ TARGETS = {
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
                         "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt"],
-                       ["tests/test_corruptions.py"]),
+                       ["tests/test_corruptions.py", "tests/test_robustness.py"]),
     "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity"], ["tests/test_grokking.py"]),
     "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity"],
                   ["tests/test_parity.py"]),
