@@ -27,6 +27,7 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 # RobustBench's mean corruption accuracy is over the 15 standard corruptions; the release adds 4 more
 STANDARD = ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
@@ -249,8 +250,6 @@ def saturate(x, c, g):
 
 def through_pil(x, fn):
     """Apply fn (a PIL image -> a PIL image) to each image of x as the 8-bit image it is, on the CPU."""
-    from PIL import Image
-
     u8 = (x * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     out = [np.asarray(fn(Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a))) for a in u8]
     out = torch.from_numpy(np.stack(out)).to(x.device)
@@ -259,16 +258,12 @@ def through_pil(x, fn):
 
 def pixelate(x, c, g):
     """PIL's BOX resize to int(c * size), then back up with BOX (as the release)."""
-    from PIL import Image
-
     H, W = x.shape[-2:]
     return through_pil(x, lambda img: img.resize((int(W * c), int(H * c)), Image.BOX).resize((W, H), Image.BOX))
 
 
 def jpeg_compression(x, quality, g):
     """PIL's JPEG codec (libjpeg; 4:2:0 chroma for colour), saved at this quality and read back, as the release."""
-    from PIL import Image
-
     def codec(img):
         buffer = io.BytesIO()
         img.save(buffer, "JPEG", quality=quality)
@@ -341,11 +336,12 @@ def snow(x, c, g):
     return x + flakes + flakes.flip(-2, -1)
 
 
-def shifted(v, dy, dx, fill):
-    """v (B, 1, H, W) moved so that pixel p holds v[p + (dy, dx)], `fill` outside."""
+def neighbours(v, fill):
+    """v (B, 1, H, W) padded once with `fill`: at(dy, dx) is v moved so that pixel p holds v[p + (dy, dx)],
+    |dy|, |dx| <= 2."""
     H, W = v.shape[-2:]
     padded = F.pad(v, (2, 2, 2, 2), value=fill)
-    return padded[..., 2 + dy:2 + dy + H, 2 + dx:2 + dx + W]
+    return lambda dy, dx: padded[..., 2 + dy:2 + dy + H, 2 + dx:2 + dx + W]
 
 
 def canny(v, low=50, high=150):
@@ -356,7 +352,7 @@ def canny(v, low=50, high=150):
     sobel = torch.tensor([[-1.0, 0, 1], [-2, 0, 2], [-1, 0, 1]])
     dx, dy = filter2d(v, sobel, "replicate"), filter2d(v, sobel.T, "replicate")  # integers: float32 is exact
     mag = dx.abs() + dy.abs()
-    at = lambda dy_, dx_: shifted(mag, dy_, dx_, 0.0)  # noqa: E731  the magnitude of a neighbour, 0 outside
+    at = neighbours(mag, 0.0)  # the magnitude of a neighbour, 0 outside
     tg22 = int(0.4142135623730950488 * 2**15 + 0.5)
     ax, ay = dx.abs(), dy.abs() * 2**15
     horizontal = ay < ax * tg22
@@ -383,7 +379,8 @@ def edge_distance(e, cap=20):
     far = float(cap + 3) * 2**16
     d = torch.where(e, 0.0, far)  # integers below 2^24: float32 is exact
     for _ in range(cap):
-        d = torch.stack([shifted(d, dy, dx, far) + w for (dy, dx), w in steps.items()] + [d]).amin(0)
+        at = neighbours(d, far)
+        d = torch.stack([at(dy, dx) + w for (dy, dx), w in steps.items()] + [d]).amin(0)
     return (d.double() / 2**16).clamp(max=cap)
 
 
@@ -437,8 +434,6 @@ def load_frost(folder):
     """The six frost textures of Hendrycks' release, each scaled to 0.2 of its size as the generator does: a list
     of (3, h, w) float tensors in [0, 255]. A missing folder or file is a FileNotFoundError that says where to get
     them."""
-    from PIL import Image
-
     textures = []
     for name in FROST_FILES:
         path = os.path.join(folder or "", name)
