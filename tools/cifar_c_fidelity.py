@@ -39,6 +39,7 @@ import types
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # corruptions.py, imported only where ours run (the reference environment has no torch)
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "cifar_c_reference.npz")
 PHOTOS = ["astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "ihc.png"]
 DETERMINISTIC = ["defocus_blur", "zoom_blur", "brightness", "contrast", "saturate", "pixelate", "jpeg_compression",
@@ -157,8 +158,7 @@ def ours(images, name, severity, frost_dir=None):
     """corruptions.corrupt of uint8 (N, H, W, C) images, seeded by the severity, as uint8 (N, H, W, C)."""
     import torch
 
-    sys.path.insert(0, ROOT)
-    import corruptions
+    import corruptions  # the repository's, on sys.path from the top of this file
 
     x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     g = torch.Generator().manual_seed(severity)
