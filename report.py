@@ -135,6 +135,33 @@ def vision_paired(data):
     return out
 
 
+# C7's windows of the final per-position profile: right-aligned counts from the last token (0), left from <s> (0)
+WINDOWS = {"right": {"last 10": (0, 10), "10-30 from the end": (10, 30), "beyond 30": (30, None)},
+           "left": {"<s>": (0, 1), "positions 1-39": (1, 40)}}
+
+
+def profile_windows(data):
+    """{model: {window: (mean, s.e. over seeds, seeds)}}: each seed's mean flip rate over the positions of a window
+    that at least a quarter of the measured pairs reach (the positions the figure draws), then the mean over seeds."""
+    out = {}
+    for name, runs in models(data).items():
+        for align, windows in WINDOWS.items():
+            profs = [r["final"]["profiles"][align] for r in runs if align in r["final"].get("profiles", {})]
+            for window, (lo, hi) in windows.items():
+                per_seed = []
+                for p in profs:
+                    sens, pairs = p["sens"], p["pairs"]
+                    if align == "right":  # stored oldest token first: reverse, so index 0 is the last token
+                        sens, pairs = sens[::-1], pairs[::-1]
+                    kept = [v for v, n in zip(sens[lo:hi], pairs[lo:hi]) if v is not None and n >= max(pairs) / 4]
+                    if kept:
+                        per_seed.append(float(np.mean(kept)))
+                if per_seed:
+                    se = np.std(per_seed, ddof=1) / math.sqrt(len(per_seed)) if len(per_seed) > 1 else math.nan
+                    out.setdefault(name, {})[window] = (float(np.mean(per_seed)), float(se), len(per_seed))
+    return out
+
+
 def language_paired(data, order):
     """Paired differences against the first model of `order` present (--model with its first --attn), at the end and
     at initialisation."""
@@ -201,6 +228,10 @@ def summary(data):
             accs = [r["final"]["test_acc"] for r in records if "test_acc" in r["final"]]
             if accs and majority is not None:
                 print(f"{label} ({seeds(len(accs))}) | test acc {np.mean(accs):.3f} | majority class {majority:.3f}")
+        for name, windows in profile_windows(data).items():
+            parts = [f"{w} {m:.4f}" + (f" +- {se:.4f}" if math.isfinite(se) else "")
+                     for w, (m, se, _) in windows.items()]
+            print(f"{name} profile | " + " | ".join(parts))
         for when in ["init", "final"]:
             p = data.get("paired", {}).get(when) or {}
             for name, d in p.get("models", {}).items():
@@ -427,7 +458,7 @@ def draw_language(data, folder, plt):
     groups = {m: rs for m, rs in groups.items() if rs}
     if not groups:
         return []
-    paths = [draw_training(groups, "examples", "training examples seen", "test (GLUE validation) accuracy", folder,
+    paths = [draw_training(groups, "examples", "training examples seen", "test accuracy", folder,
                            plt)]
     done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
     aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
