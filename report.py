@@ -162,6 +162,19 @@ def profile_windows(data):
     return out
 
 
+def through_training(records, x_key="examples", y_key="sens"):
+    """[(x, mean, s.e. over seeds, seeds)] at every evaluation point the runs share, in order."""
+    at = {}
+    for r in records:
+        for row in r["history"]:
+            at.setdefault(row[x_key], []).append(row[y_key])
+    out = []
+    for x, v in sorted(at.items()):
+        se = np.std(v, ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+        out.append((x, float(np.mean(v)), float(se), len(v)))
+    return out
+
+
 def language_paired(data, order):
     """Paired differences against the first model of `order` present (--model with its first --attn), at the end and
     at initialisation."""
@@ -228,6 +241,10 @@ def summary(data):
             accs = [r["final"]["test_acc"] for r in records if "test_acc" in r["final"]]
             if accs and majority is not None:
                 print(f"{label} ({seeds(len(accs))}) | test acc {np.mean(accs):.3f} | majority class {majority:.3f}")
+        for name, records in models(data).items():
+            parts = [f"{x}: {m:.4f}" + (f" +- {se:.4f}" if math.isfinite(se) else "")
+                     for x, m, se, _ in through_training(records)]
+            print(f"{name} sensitivity by examples seen | " + " | ".join(parts))
         for name, windows in profile_windows(data).items():
             parts = [f"{w} {m:.4f}" + (f" +- {se:.4f}" if math.isfinite(se) else "")
                      for w, (m, se, _) in windows.items()]

@@ -341,6 +341,14 @@ def test_profile_windows_count_from_the_right_end_and_skip_rare_positions():
     assert w["<s>"][0] == pytest.approx(0.3) and w["positions 1-39"][0] == 0
 
 
+def test_through_training_means_seeds_at_each_evaluation():
+    runs = [{"history": [{"examples": 0, "sens": 0.1}, {"examples": 64, "sens": 0.3}]},
+            {"history": [{"examples": 0, "sens": 0.3}, {"examples": 64, "sens": 0.3}]}]
+    (x0, m0, se0, n0), (x1, m1, se1, _) = report.through_training(runs)
+    assert (x0, x1, n0) == (0, 64, 2) and m0 == pytest.approx(0.2) and se0 == pytest.approx(0.1)
+    assert m1 == pytest.approx(0.3) and se1 == 0
+
+
 def test_by_length_groups_similar_lengths_and_keeps_row_order():
     """Rows run in groups whose shortest length is at least `slack` times the longest, longest first, and each
     output lands back on its own row."""
