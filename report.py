@@ -252,7 +252,8 @@ def summary(data):
         for when in ["init", "final"]:
             p = data.get("paired", {}).get(when) or {}
             for name, d in p.get("models", {}).items():
-                parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
+                parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])} per seed "
+                         + ", ".join(f"{m:+.4f}" for m, _ in v["per_seed"].values()) for k, v in d["diff"].items()]
                 print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
     elif script == "robustness":
         robustness_summary(data)

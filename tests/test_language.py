@@ -349,6 +349,22 @@ def test_through_training_means_seeds_at_each_evaluation():
     assert m1 == pytest.approx(0.3) and se1 == 0
 
 
+def test_language_summary_prints_accuracy_against_majority_and_per_seed_differences(capsys):
+    def run(model, seed, per_pair):
+        return {"model": model, "seed": seed, "history": [{"examples": 0, "sens": per_pair[0]}],
+                "final": {"test_acc": 0.6, "per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
+    runs = {"roberta-softmax/seed0": run("roberta-softmax", 0, [0.0, 0.0]),
+            "roberta-softmax/seed1": run("roberta-softmax", 1, [0.0, 0.0]),
+            "lstm/seed0": run("lstm", 0, [0.5, 0.5]), "lstm/seed1": run("lstm", 1, [0.25, 0.25])}
+    data = {"script": "language", "data": {"test_majority": 0.665}, "runs": runs}
+    data["paired"] = report.language_paired(data, ["roberta-softmax", "lstm"])
+    report.summary(data)
+    out = capsys.readouterr().out
+    assert "lstm (2 seeds) | test acc 0.600 | majority class 0.665" in out
+    assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds) per seed +0.5000, +0.2500" in out
+    assert "lstm sensitivity by examples seen | 0: 0.3750 +- 0.1250" in out
+
+
 def test_by_length_groups_similar_lengths_and_keeps_row_order():
     """Rows run in groups whose shortest length is at least `slack` times the longest, longest first, and each
     output lands back on its own row."""
