@@ -55,6 +55,17 @@ def paired(data, reference, field="per_image"):
     return paired_differences(per_input, reference)
 
 
+def ms(mean, stderr, fmt=".4f"):
+    """'0.0123 +- 0.0045' (the mean alone where the standard error is NaN: one seed)."""
+    return f"{mean:{fmt}}" + (f" +- {stderr:{fmt}}" if math.isfinite(stderr) else "")
+
+
+def mean_se(values, fmt=".4f"):
+    """The mean of per-seed values and its standard error over them, formatted by ms()."""
+    se = np.std(values, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return ms(float(np.mean(values)), se, fmt)
+
+
 def pm(mean, stderr, n=None):
     """'+0.0123 +- 0.0045 (3 seeds)': a paired difference with its standard error (none shown for one seed)."""
     se = f" +- {stderr:.4f}" if stderr is not None and math.isfinite(stderr) else ""
@@ -238,16 +249,24 @@ def summary(data):
     elif script == "language":
         majority = data.get("data", {}).get("test_majority")
         for label, records in models(data).items():  # a model below the majority class has not generalised
-            accs = [r["final"]["test_acc"] for r in records if "test_acc" in r["final"]]
-            if accs and majority is not None:
-                print(f"{label} ({seeds(len(accs))}) | test acc {np.mean(accs):.3f} | majority class {majority:.3f}")
+            done = [r for r in records if "test_acc" in r["final"]]
+            if not done:
+                continue
+            first = [r["history"][0] for r in done]  # initialisation
+            parts = [f"train acc {mean_se([r['final']['train_acc'] for r in done], '.3f')}",
+                     f"test acc {mean_se([r['final']['test_acc'] for r in done], '.3f')}"]
+            parts += [f"majority class {majority:.3f}"] if majority is not None else []
+            parts += [f"majority share init {mean_se([h['majority_share'] for h in first], '.3f')} end "
+                      f"{mean_se([r['final']['majority_share'] for r in done], '.3f')}"]
+            for key in done[0]["final"].get("sens_at", {}):
+                parts.append(f"sigma {key} init {mean_se([h[f'sens@{key}'] for h in first])} final "
+                             f"{mean_se([r['final']['sens_at'][key]['sens'] for r in done])}")
+            print(f"{label} ({seeds(len(done))}) | " + " | ".join(parts))
         for name, records in models(data).items():
-            parts = [f"{x}: {m:.4f}" + (f" +- {se:.4f}" if math.isfinite(se) else "")
-                     for x, m, se, _ in through_training(records)]
+            parts = [f"{x}: {ms(m, se)}" for x, m, se, _ in through_training(records)]
             print(f"{name} sensitivity by examples seen | " + " | ".join(parts))
         for name, windows in profile_windows(data).items():
-            parts = [f"{w} {m:.4f}" + (f" +- {se:.4f}" if math.isfinite(se) else "")
-                     for w, (m, se, _) in windows.items()]
+            parts = [f"{w} {ms(m, se)}" for w, (m, se, _) in windows.items()]
             print(f"{name} profile | " + " | ".join(parts))
         for when in ["init", "final"]:
             p = data.get("paired", {}).get(when) or {}

@@ -351,8 +351,11 @@ def test_through_training_means_seeds_at_each_evaluation():
 
 def test_language_summary_prints_accuracy_against_majority_and_per_seed_differences(capsys):
     def run(model, seed, per_pair):
-        return {"model": model, "seed": seed, "history": [{"examples": 0, "sens": per_pair[0]}],
-                "final": {"test_acc": 0.6, "per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
+        init = {"examples": 0, "sens": per_pair[0], "sens@2": per_pair[0], "majority_share": 1.0}
+        return {"model": model, "seed": seed, "history": [init],
+                "final": {"train_acc": 0.9 + seed / 20, "test_acc": 0.6, "majority_share": 0.5,
+                          "sens_at": {"2": {"sens": per_pair[1]}}, "per_image": {"2": per_pair},
+                          "per_image_init": {"2": per_pair}}}
     runs = {"roberta-softmax/seed0": run("roberta-softmax", 0, [0.0, 0.0]),
             "roberta-softmax/seed1": run("roberta-softmax", 1, [0.0, 0.0]),
             "lstm/seed0": run("lstm", 0, [0.5, 0.5]), "lstm/seed1": run("lstm", 1, [0.25, 0.25])}
@@ -360,7 +363,9 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
     data["paired"] = report.language_paired(data, ["roberta-softmax", "lstm"])
     report.summary(data)
     out = capsys.readouterr().out
-    assert "lstm (2 seeds) | test acc 0.600 | majority class 0.665" in out
+    assert ("lstm (2 seeds) | train acc 0.925 +- 0.025 | test acc 0.600 +- 0.000 | majority class 0.665 | "
+            "majority share init 1.000 +- 0.000 end 0.500 +- 0.000 | sigma 2 init 0.3750 +- 0.1250 final "
+            "0.3750 +- 0.1250") in out
     assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds) per seed +0.5000, +0.2500" in out
     assert "lstm sensitivity by examples seen | 0: 0.3750 +- 0.1250" in out
 
