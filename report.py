@@ -55,6 +55,12 @@ def paired(data, reference, field="per_image"):
     return paired_differences(per_input, reference)
 
 
+def over_seeds(values):
+    """(mean, standard error of the mean) of per-seed values; the error is NaN for one value."""
+    se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+    return float(np.mean(values)), se
+
+
 def ms(mean, stderr, fmt=".4f"):
     """'0.0123 +- 0.0045' (the mean alone where the standard error is NaN: one seed)."""
     return f"{mean:{fmt}}" + (f" +- {stderr:{fmt}}" if math.isfinite(stderr) else "")
@@ -62,8 +68,7 @@ def ms(mean, stderr, fmt=".4f"):
 
 def mean_se(values, fmt=".4f"):
     """The mean of per-seed values and its standard error over them, formatted by ms()."""
-    se = np.std(values, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return ms(float(np.mean(values)), se, fmt)
+    return ms(*over_seeds(values), fmt)
 
 
 def pm(mean, stderr, n=None):
@@ -157,19 +162,22 @@ def profile_windows(data):
     out = {}
     for name, runs in models(data).items():
         for align, windows in WINDOWS.items():
-            profs = [r["final"]["profiles"][align] for r in runs if align in r["final"].get("profiles", {})]
-            for window, (lo, hi) in windows.items():
-                per_seed = []
-                for p in profs:
-                    sens, pairs = p["sens"], p["pairs"]
-                    if align == "right":  # stored oldest token first: reverse, so index 0 is the last token
-                        sens, pairs = sens[::-1], pairs[::-1]
-                    kept = [v for v, n in zip(sens[lo:hi], pairs[lo:hi]) if v is not None and n >= max(pairs) / 4]
+            per_seed = {window: [] for window in windows}
+            for r in runs:
+                p = r["final"].get("profiles", {}).get(align)
+                if p is None:
+                    continue
+                sens, pairs = p["sens"], p["pairs"]
+                if align == "right":  # stored oldest token first: reverse, so index 0 is the last token
+                    sens, pairs = sens[::-1], pairs[::-1]
+                floor = max(pairs) / 4
+                for window, (lo, hi) in windows.items():
+                    kept = [v for v, n in zip(sens[lo:hi], pairs[lo:hi]) if v is not None and n >= floor]
                     if kept:
-                        per_seed.append(float(np.mean(kept)))
-                if per_seed:
-                    se = np.std(per_seed, ddof=1) / math.sqrt(len(per_seed)) if len(per_seed) > 1 else math.nan
-                    out.setdefault(name, {})[window] = (float(np.mean(per_seed)), float(se), len(per_seed))
+                        per_seed[window].append(float(np.mean(kept)))
+            for window, values in per_seed.items():
+                if values:
+                    out.setdefault(name, {})[window] = (*over_seeds(values), len(values))
     return out
 
 
@@ -179,11 +187,7 @@ def through_training(records, x_key="examples", y_key="sens"):
     for r in records:
         for row in r["history"]:
             at.setdefault(row[x_key], []).append(row[y_key])
-    out = []
-    for x, v in sorted(at.items()):
-        se = np.std(v, ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
-        out.append((x, float(np.mean(v)), float(se), len(v)))
-    return out
+    return [(x, *over_seeds(v), len(v)) for x, v in sorted(at.items())]
 
 
 def language_paired(data, order):
@@ -495,8 +499,7 @@ def draw_language(data, folder, plt):
     groups = {m: rs for m, rs in groups.items() if rs}
     if not groups:
         return []
-    paths = [draw_training(groups, "examples", "training examples seen", "test accuracy", folder,
-                           plt)]
+    paths = [draw_training(groups, "examples", "training examples seen", "test accuracy", folder, plt)]
     done = {name: [r["final"] for r in runs if r["final"].get("profiles")] for name, runs in groups.items()}
     aligns = list(dict.fromkeys(a for finals in done.values() for f in finals for a in f["profiles"]))
     if aligns:  # Fig. 7 right: the per-position profile of the final models, mean over seeds
