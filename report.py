@@ -132,6 +132,39 @@ def phases(history):
     return first(lambda h: h["train_acc"] >= 1.0), first(lambda h: h["test_acc"] > 0.95)
 
 
+def spearman(a, b):
+    """Rank correlation of two equal-length sequences (average ranks for ties); None if either is constant."""
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for x in np.unique(v):  # ties share their mean rank
+            r[v == x] = r[v == x].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def plateau(history, chance=0.55, learned=0.95):
+    """A parity run's plateau, read from its history: the evaluations before test accuracy first exceeds `chance`,
+    how many of them have sensitivity count 0 (a constant predictor), its largest count and the largest part on the
+    relevant bits, its rank correlation with the step, the mean count over the first and second half; and the
+    first step at which test accuracy exceeds `learned` (None if never)."""
+    end = next((i for i, h in enumerate(history) if h["test_acc"] > chance), len(history))
+    rows = history[:end]
+    counts = [h["sens_count"] for h in rows]
+    half = len(rows) // 2
+    return {"evals": len(rows), "zero": sum(c < 1e-9 for c in counts), "max": max(counts, default=math.nan),
+            "max_relevant": max((h["sens_relevant"] for h in rows), default=math.nan),
+            "spearman": spearman([h["step"] for h in rows], counts),
+            "halves": (float(np.mean(counts[:half])) if half else math.nan,
+                       float(np.mean(counts[half:])) if rows[half:] else math.nan),
+            "learned_step": next((h["step"] for h in history if h["test_acc"] > learned), None)}
+
+
 # -----------------------------------------------------------------------------
 # summaries: what each script prints at the end of a run (and what a merge stores)
 
@@ -229,6 +262,33 @@ def robustness_summary(data):
     return out
 
 
+def parity_summary(data):
+    """Per run: the final count, when test accuracy passed 95%, and the plateau before it (plateau()); per setting
+    over seeds: the final count and its part on the relevant bits (mean +- s.e.), and how many seeds learned."""
+    groups = {}
+    for run, r in data["runs"].items():
+        name, seed = identity(run, r)
+        groups.setdefault(name, []).append((seed, r))
+    for name, records in groups.items():
+        for seed, r in records:
+            if not r["history"]:
+                continue
+            p, f = plateau(r["history"]), r["final"]
+            end = (f"count {f['sens_count']:.3f} +- {f['sens_count_stderr']:.3f} (relevant bits "
+                   f"{f['sens_relevant']:.3f}), test acc {f['test_acc']:.3f}" if f else "unfinished")
+            rho = f"{p['spearman']:+.2f}" if p["spearman"] is not None else "undefined"
+            print(f"{name}/seed{seed}: {end}; test acc > 0.95 from step {p['learned_step'] or 'never'}; plateau "
+                  f"{p['evals']} evaluations: count 0 at {p['zero']}, max {p['max']:.2f} (relevant "
+                  f"{p['max_relevant']:.2f}), Spearman with step {rho}, halves {p['halves'][0]:.2f} -> "
+                  f"{p['halves'][1]:.2f}")
+        finals = [r["final"] for _, r in records if r["final"]]
+        if finals:
+            learned = sum(f["test_acc"] > 0.95 for f in finals)
+            print(f"{name} ({seeds(len(finals))}) | count {mean_se([f['sens_count'] for f in finals], '.3f')} | on "
+                  f"the relevant bits {mean_se([f['sens_relevant'] for f in finals], '.3f')} | test acc > 0.95 at "
+                  f"the end in {learned} of {len(finals)}")
+
+
 def summary(data):
     """Print the summary lines of a run (or of merged runs) from its metrics.json."""
     script = data.get("script")
@@ -280,7 +340,9 @@ def summary(data):
                 print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
     elif script == "robustness":
         robustness_summary(data)
-    elif script in ("grokking", "parity", "imagenet"):
+    elif script == "parity":
+        parity_summary(data)
+    elif script in ("grokking", "imagenet"):
         for run, r in data["runs"].items():
             f = r["final"]
             if script == "grokking" and f:

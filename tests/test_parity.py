@@ -157,3 +157,53 @@ def test_the_parity_figure_has_one_column_per_setting_with_its_seeds_averaged(tm
     paths = report.draw({"script": "parity", "args": {"k": 3}, "runs": runs}, str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["parity.png"]
     assert drawn == [3, 3, 3, 3, 1, 1, 1, 1]
+
+
+def test_spearman_against_known_rankings():
+    """Rank correlation: +1 for any increasing relation, -1 for a decreasing one, ties share their mean rank, and a
+    constant sequence has none."""
+    import report
+
+    assert report.spearman([1, 2, 3, 4], [1, 10, 100, 1000]) == pytest.approx(1.0)
+    assert report.spearman([1, 2, 3, 4], [5, 3, 2, 0]) == pytest.approx(-1.0)
+    # ranks of [0, 0, 1] are [0.5, 0.5, 2]; against [0, 1, 2] Pearson on the ranks is sqrt(3)/2
+    assert report.spearman([0, 1, 2], [0, 0, 1]) == pytest.approx(3**0.5 / 2)
+    assert report.spearman([0, 1, 2], [1, 1, 1]) is None
+
+
+def test_plateau_readout_of_a_known_history():
+    """plateau(): the evaluations before test accuracy first passes 0.55, the count-0 ones among them, its largest
+    count, the halves' means, and the first step past 0.95."""
+    import report
+
+    counts = [0.0, 0.0, 1.0, 3.0, 0.0, 2.0]  # the plateau: six evaluations, then learning
+    hist = [{"step": 100 * i, "test_acc": 0.5, "sens_count": c, "sens_relevant": c / 4} for i, c in enumerate(counts)]
+    hist += [{"step": 600, "test_acc": 0.7, "sens_count": 2.5, "sens_relevant": 2.0},
+             {"step": 700, "test_acc": 0.99, "sens_count": 3.0, "sens_relevant": 3.0}]
+    p = report.plateau(hist)
+    assert p["evals"] == 6 and p["zero"] == 3 and p["max"] == 3.0 and p["max_relevant"] == 0.75
+    assert p["halves"] == (pytest.approx(1 / 3), pytest.approx(5 / 3)) and p["learned_step"] == 700
+    assert p["spearman"] == pytest.approx(report.spearman(range(6), counts))
+    assert report.plateau(hist[:6])["learned_step"] is None
+
+
+def test_parity_summary_per_run_and_per_setting(capsys):
+    """The printed summary: one line per run with its plateau, one per setting with the mean count over seeds and
+    how many seeds learned."""
+    import report
+
+    def run(setting, seed, acc):
+        hist = [{"step": 0, "test_acc": 0.5, "sens_count": 0.0, "sens_relevant": 0.0},
+                {"step": 10, "test_acc": acc, "sens_count": 3.0, "sens_relevant": 3.0}]
+        final = {"sens_count": 2.0 + seed, "sens_count_stderr": 0.0, "sens_relevant": 1.0, "test_acc": acc}
+        return f"setting{setting}/seed{seed}", {"model": f"setting{setting}", "seed": seed, "history": hist,
+                                                 "final": final}
+
+    runs = dict([run(4, 0, 0.5), run(4, 1, 1.0), run(4, 2, 1.0)])
+    report.summary({"script": "parity", "runs": runs})
+    out = capsys.readouterr().out
+    assert ("setting4/seed0: count 2.000 +- 0.000 (relevant bits 1.000), test acc 0.500; test acc > 0.95 from step "
+            "never") in out
+    assert "setting4/seed1:" in out and "from step 10; plateau 1 evaluations: count 0 at 1" in out
+    assert ("setting4 (3 seeds) | count 3.000 +- 0.577 | on the relevant bits 1.000 +- 0.000 | test acc > 0.95 at the "
+            "end in 2 of 3") in out
