@@ -277,7 +277,8 @@ def parity_summary(data):
             end = (f"count {f['sens_count']:.3f} +- {f['sens_count_stderr']:.3f} (relevant bits "
                    f"{f['sens_relevant']:.3f}), test acc {f['test_acc']:.3f}" if f else "unfinished")
             rho = f"{p['spearman']:+.2f}" if p["spearman"] is not None else "undefined"
-            print(f"{name}/seed{seed}: {end}; test acc > 0.95 from step {p['learned_step'] or 'never'}; plateau "
+            learned = "never" if p["learned_step"] is None else p["learned_step"]
+            print(f"{name}/seed{seed}: {end}; test acc > 0.95 from step {learned}; plateau "
                   f"{p['evals']} evaluations: count 0 at {p['zero']}, max {p['max']:.2f} (relevant "
                   f"{p['max_relevant']:.2f}), Spearman with step {rho}, halves {p['halves'][0]:.2f} -> "
                   f"{p['halves'][1]:.2f}")
