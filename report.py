@@ -277,8 +277,8 @@ def parity_summary(data):
             end = (f"count {f['sens_count']:.3f} +- {f['sens_count_stderr']:.3f} (relevant bits "
                    f"{f['sens_relevant']:.3f}), test acc {f['test_acc']:.3f}" if f else "unfinished")
             rho = f"{p['spearman']:+.2f}" if p["spearman"] is not None else "undefined"
-            learned = "never" if p["learned_step"] is None else p["learned_step"]
-            print(f"{name}/seed{seed}: {end}; test acc > 0.95 from step {learned}; plateau "
+            step = "never" if p["learned_step"] is None else p["learned_step"]
+            print(f"{name}/seed{seed}: {end}; test acc > 0.95 from step {step}; plateau "
                   f"{p['evals']} evaluations: count 0 at {p['zero']}, max {p['max']:.2f} (relevant "
                   f"{p['max_relevant']:.2f}), Spearman with step {rho}, halves {p['halves'][0]:.2f} -> "
                   f"{p['halves'][1]:.2f}")
@@ -350,8 +350,7 @@ def summary(data):
                 print(f"{run}: memorised at epoch {f['epoch_memorised']}, grokked at {f['epoch_grokked']}, "
                       f"sensitivity {f['sens']:.4f}")
             elif f.get("sens") is not None:
-                count = f" (count {f['sens_count']:.3f})" if "sens_count" in f else ""
-                print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}{count}")
+                print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}")
 
 
 # -----------------------------------------------------------------------------
