@@ -28,7 +28,6 @@
 Prints one `name value` line per figure and writes them to out/bench/bench[-k].json (never replacing a file).
 """
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -51,7 +50,7 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read befo
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--device", type=str, default="auto", help="auto | cpu | cuda")
     p.add_argument("--batch-size", type=positive_int, default=None, help="estimator chunk (rows); default: the "
                    "estimator's")

@@ -11,7 +11,6 @@ where train accuracy is 100% and test accuracy is still low, so it tracks the hi
     python report.py out/grokking/p113         # redraw the figure from metrics.json
 """
 
-import argparse
 import math
 import time
 
@@ -26,7 +25,7 @@ from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, pa
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("task")
     g.add_argument("--p", type=positive_int, default=113, help="the modulus (a prime in the paper)")
     g.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
@@ -175,9 +174,11 @@ def train_one(args, seed, data, results, device):
         return None
     start = restore(snap, model, opt) if (snap := results.resume(run, "epoch")) else 0
     x, y = tokens[train], labels[train]  # the whole training set is one batch
-    t0 = time.time()
+    progress = results.progress(run, start, args.epochs, args.eval_every)  # a line every --progress-every seconds
+    t0, loss = time.time(), None
     for epoch in range(start, args.epochs + 1):
         evaluating = epoch % args.eval_every == 0 or epoch == args.epochs
+        progress.tick(epoch, evaluating, loss)
         results.checkpoint(run, epoch, evaluating, args.save_every, model, opt)  # for --resume
         if evaluating:
             row = {"epoch": epoch, **evaluate(model, tokens, labels, train)}

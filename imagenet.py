@@ -8,7 +8,6 @@ normalised 224 x 224 image at a time (ViT-L/16's own patch grid, used for both m
     python imagenet.py --imagenet-dir IMGS --random-weights --n-sens 2 --sens-positions 2   # offline smoke test
 """
 
-import argparse
 import os
 
 import torch
@@ -22,7 +21,7 @@ SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep, as vision.py's
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("models and data")
     g.add_argument("--model", nargs="+", default=MODELS, choices=MODELS, help="torchvision ImageNet models")
     g.add_argument("--imagenet-dir", type=str, required=True, help="an ImageFolder of images (e.g. ImageNet train)")

@@ -16,7 +16,6 @@ Tokenisation is a small word-level tokenizer built from the training split (it r
 encoded RoBERTa-style as <s> A </s></s> B </s>.
 """
 
-import argparse
 import collections
 import csv
 import math
@@ -52,10 +51,12 @@ COLUMNS = {"mrpc": ("#1 String", "#2 String", "Quality"), "qqp": ("question1", "
 # set is the test set
 SPLITS = {"mrpc": {"paper": ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt"), "glue": ("train.tsv", "dev.tsv")},
           "qqp": {"glue": ("train.tsv", "dev.tsv")}}
+CPU_SIZE = ("the README's MRPC protocol measures fewer pairs (about 30 min per model on one thread): python "
+            "language.py --data-dir GLUE --fused --n-sens 300 --sens-positions 8 --eval-every 188 --model roberta")
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("data")
     g.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
     g.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ (SPLITS below)")
@@ -71,7 +72,8 @@ def parse_args(argv=None):
                    "specials)")
     g.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included (>= 8)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"])
+    g.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"],
+                   help="in turn; RoBERTa with each --attn")
     g.add_argument("--attn", nargs="+", default=["softmax"], choices=["softmax", "relu"],
                    help="attention of the transformers: softmax, or relu(scores) in place of softmax")
     g.add_argument("--depth", type=positive_int, default=4, help="layers of every model [author code]")
@@ -575,9 +577,11 @@ def train_one(name, attn, seed, args, data, vocab, results):
     rank, world = ranks()  # under torchrun training goes through DDP; evaluation is sharded by hand
     fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world > 1 else model
-    t0 = time.time()
+    progress = results.progress(run, start, num_steps, args.eval_every, per_epoch=steps_per_epoch, hint=CPU_SIZE)
+    t0, loss = time.time(), None  # progress: a line every --progress-every seconds, with the time to the end
     for step in range(start, num_steps + 1):
         evaluating = step % args.eval_every == 0 or step == num_steps
+        progress.tick(step, evaluating, loss)
         results.checkpoint(run, step, evaluating, args.save_every, model, opt, [gen], seen=seen, perm=perm,
                            per_image_init=per_image_init)  # for --resume
         if evaluating:
@@ -668,8 +672,8 @@ def main(args):
             results.save()
             report.summary(results.data)
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if any(r["history"] for r in results.data["runs"].values()):
-            print("wrote", *report.draw(results.data, folder))
+        if any(r["history"] for r in results.data["runs"].values()) and (paths := report.draw(results.data, folder)):
+            print("wrote", *paths)
     return results.data
 
 

@@ -12,7 +12,6 @@ choice (all flags).
     python parity.py --n 12 --k 3            # n <= 16 also gets the exact sensitivity from the Fourier spectrum
 """
 
-import argparse
 import time
 
 import torch
@@ -37,7 +36,7 @@ SETTINGS = {
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("task")
     g.add_argument("--n", type=positive_int, default=20, help="number of bits")
     g.add_argument("--k", type=positive_int, default=3, help="number of relevant bits (the parity's degree)")
@@ -241,9 +240,11 @@ def train_one(args, s, seed, task, results, device):
     print(f"{run}: {hp} relevant bits {relevant.tolist()}, {sum(p.numel() for p in model.parameters())} parameters")
     gen = torch.Generator(device).manual_seed(seed)  # the minibatch order, kept in checkpoints
     start = restore(snap, model, opt, [gen]) if (snap := results.resume(run, "step")) else 0
-    t0 = time.time()
+    progress = results.progress(run, start, args.steps, args.eval_every)  # a line every --progress-every seconds
+    t0, loss = time.time(), None
     for step in range(start, args.steps + 1):
         evaluating = step % args.eval_every == 0 or step == args.steps
+        progress.tick(step, evaluating, loss)
         results.checkpoint(run, step, evaluating, args.save_every, model, opt, [gen])  # for --resume
         if evaluating:
             row = {"step": step, **evaluate(model, sets)}

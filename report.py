@@ -8,7 +8,6 @@
 Each experiment script calls `draw` and `summary` at the end of its run; this file is what reads the results.
 """
 
-import argparse
 import math
 import os
 import re
@@ -700,7 +699,7 @@ def draw(data, folder):
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("folders", nargs="+", help="run folders (or their metrics.json) of one script")
     p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=str, default="combined", help="the merged run's folder name")

@@ -16,7 +16,6 @@ and ShPred = E_x E_eps 1[argmax differs], eps ~ N(0, --sharp-std^2) on every wei
 training set, in eval mode with the BatchNorm statistics untouched.
 """
 
-import argparse
 import os
 import pickle
 
@@ -179,7 +178,7 @@ FIG9 = [("resnet18", "vanilla"), ("densenet121", "vanilla"), ("vit", "vanilla"),
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     vision.add_flags(p)  # every flag of vision.py's models, data, training and sensitivity
     g = p.add_argument_group("robustness")
     g.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],

@@ -22,6 +22,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -32,12 +34,25 @@ import torch.nn as nn
 # flags
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help as written (the script's docstring keeps its lines), and every flag's default after its help text,
+    unless the text already gives it or there is none (a switch, or a value filled in later)."""
+
+    def _get_help_string(self, action):
+        text, default = action.help or "", action.default
+        if not action.option_strings or default is None or default is False or default == argparse.SUPPRESS \
+                or "default" in text.lower():
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%') or 'none'})"
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit code 2) instead of the whole usage text before it, and no abbreviated
-    flags (else a prefix of a flag, say --see, would silently mean the whole one, --seeds)."""
+    """argparse with a one-line error (exit code 2) instead of the whole usage text before it, no abbreviated flags
+    (else a prefix of a flag, say --see, would silently mean the whole one, --seeds), and the defaults in --help."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        super().__init__(*args, allow_abbrev=False, formatter_class=HelpFormatter, **kwargs)
 
     def error(self, message):
         message = re.sub(r"^argument (--[\w-]+)(/\S+)?: must", r"\1 must", message)  # '--lr must be ...'
@@ -90,6 +105,8 @@ def add_run_flags(p, *, unit, default_name, device="auto"):
                    f"<run>/checkpoint.pt every this many {unit} (0: only when the run is stopped)")
     g.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
                    "checkpoint.pt, with the flags it was started with (only --threads and --device may be given)")
+    g.add_argument("--progress-every", type=nonnegative_float, default=20, help="seconds between the progress lines "
+                   "printed during training, whatever the evaluation schedule (0: none)")
     return g
 
 
@@ -118,21 +135,21 @@ def run_name(text):
     return text
 
 
-RESUME_FLAGS = {"--resume", "--threads", "--device"}
+RESUME_FLAGS = {"--resume", "--threads", "--device", "--progress-every"}
 
 
 def parse(p, script, argv=None):
     """p.parse_args(argv); with --resume FOLDER, parsed again with that run's saved arguments as the defaults, so a
     flag the script gained since the run started takes its default. Other flags than --threads and --device are
-    refused beside --resume: the run continues with the flags it was started with."""
+    refused beside --resume (and --progress-every): the run continues with the flags it was started with."""
     args = p.parse_args(argv)
     if not args.resume:
         return args
     argv = sys.argv[1:] if argv is None else argv
     extra = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0] not in RESUME_FLAGS]
     if extra:
-        p.error(f"--resume continues a run with the flags it was started with; only --threads and --device may be "
-                f"given beside it, not {' '.join(extra)}")
+        p.error(f"--resume continues a run with the flags it was started with; only --threads, --device and "
+                f"--progress-every may be given beside it, not {' '.join(extra)}")
     if not os.path.isfile(os.path.join(args.resume, "metrics.json")):
         p.error(f"--resume {args.resume}: no metrics.json there to continue")
     try:
@@ -140,7 +157,7 @@ def parse(p, script, argv=None):
     except (ValueError, KeyError) as e:
         p.error(f"--resume {args.resume}: {e}")
     known = vars(args)
-    from_command = {flag[2:] for flag in RESUME_FLAGS}  # resume, threads, device: this command's, never the folder's
+    from_command = {flag[2:].replace("-", "_") for flag in RESUME_FLAGS}  # this command's, never the folder's
     p.set_defaults(**{k: v for k, v in saved.items() if k in known and k not in from_command})
     return p.parse_args(argv)
 
@@ -154,7 +171,7 @@ def parse_with(p, argv, folder, script):
     except ValueError as e:
         p.error(f"{folder}: {e}")
     known = vars(p.parse_args([]))
-    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every"}
+    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every", "progress_every"}
     typed = []
     for key, value in saved.items():
         if key not in known or key in skip or value is None or value is False or value in ({}, []):
@@ -209,9 +226,11 @@ def cli(main, parse_args, argv=None):
             code, message = 3, f"{len(diverged)} run(s) diverged ({', '.join(diverged)}); metrics.json marks them"
     except KeyboardInterrupt as e:
         code = 143 if isinstance(e, Terminated) else 130
-        message = ("terminated (SIGTERM)" if code == 143 else "interrupted") + (
-            f"; {e.args[0]} keeps every evaluation so far, and the folder's checkpoint.pt what --resume continues "
-            "from" if e.args else "")
+        message = "terminated (SIGTERM)" if code == 143 else "interrupted"
+        if e.args:  # recording() names the metrics.json: where the run is kept, and the command that continues it
+            folder = os.path.dirname(e.args[0])
+            message += (f"; {e.args[0]} keeps every evaluation so far and {folder}/checkpoint.pt the training state. "
+                        f"Continue with: python {script} --resume {folder}")
     except torch.OutOfMemoryError:
         code, message = 2, "out of memory; lower --batch-size (or the estimator's chunk)"
     except (ValueError, OSError, EOFError) as e:
@@ -491,6 +510,82 @@ def restore(snap, model, opt, generators=()):
     return snap["step"]
 
 
+class Progress:
+    """Progress lines of one training run, printed by a background thread every `every` seconds of wall time
+    whatever the evaluation schedule: the step, the latest training loss, the time per step, and the time to the
+    next evaluation and to the end. The loop calls tick() at the top of every iteration; the time of an iteration
+    that evaluates, less one training step's, is an evaluation's. Once a few steps (and the evaluation before them)
+    are timed, one line gives the estimated time of the run on this machine and, where that is over an hour on a
+    CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and at `total`."""
+
+    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True):
+        self.run, self.start, self.total, self.eval_every = str(run), start, total, eval_every
+        self.per_epoch, self.hint, self.cpu = per_epoch, hint, cpu
+        self.steps, self.evals = [], []  # the durations of training iterations and of evaluations, in seconds
+        self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
+        self.done = threading.Event()
+        if every:
+            threading.Thread(target=self._print_every, args=(every,), daemon=True).start()
+
+    def tick(self, step, evaluating, loss=None):
+        now = time.monotonic()
+        if self.last is not None:
+            dt = now - self.last[0]
+            self.evals.append(dt) if self.last[2] else self.steps.append(dt)
+        self.last, self.loss = (now, step, evaluating), loss
+        if not self.told and len(self.steps) >= 3 and (self.evals or self.start % self.eval_every):
+            self.told = True
+            total = self.seconds_left(step)
+            print(f"{self.run} | estimated time of this run on this machine: {duration(total)} ({self.total - step} "
+                  f"steps at {self.step_time() * 1e3:.0f} ms, {self.evals_left(step)} evaluations at "
+                  f"{duration(self.eval_time())}, then the final measurements)")
+            if self.hint and self.cpu and total > 3600:
+                print(f"{self.run} | over an hour on a CPU; {self.hint}")
+
+    def step_time(self):
+        return float(np.median(self.steps)) if self.steps else math.nan  # the median: robust to a warm-up step
+
+    def eval_time(self):  # an evaluating iteration holds one training step too (but the last)
+        return max(float(np.mean(self.evals)) - (self.step_time() if self.steps else 0), 0) if self.evals else 0
+
+    def evals_left(self, step):  # evaluations after `step`: at multiples of eval_every, and the last step
+        return self.total // self.eval_every - step // self.eval_every + (self.total % self.eval_every > 0)
+
+    def seconds_left(self, step):
+        return (self.total - step) * self.step_time() + self.evals_left(step) * self.eval_time()
+
+    def line(self):
+        now, step, evaluating = self.last
+        where = f"{self.run} | step {step}/{self.total}" + (
+            f" (epoch {step / self.per_epoch:.1f})" if self.per_epoch else "")
+        if evaluating:
+            what = "final evaluation and measurements" if step == self.total else "evaluating"
+            return f"{where} | {what} for {duration(time.monotonic() - now)}" + (
+                f" | the last evaluation took {duration(self.eval_time())}" if len(self.evals) else "")
+        loss = f" | loss {self.loss.item():.4f}" if self.loss is not None else ""
+        if not self.steps:
+            return f"{where}{loss} | timing the first steps"
+        to_eval = min((step // self.eval_every + 1) * self.eval_every, self.total) - step
+        return (f"{where}{loss} | {self.step_time() * 1e3:.0f} ms/step | next evaluation in "
+                f"{duration(to_eval * self.step_time())} | end in {duration(self.seconds_left(step))}")
+
+    def _print_every(self, every):
+        while not self.done.wait(every):
+            if self.last is not None:
+                print(self.line(), flush=True)
+
+    def stop(self):
+        self.done.set()
+
+
+def duration(seconds):
+    """'45 s', '12.5 min', '3.2 h'."""
+    if not math.isfinite(seconds):
+        return "?"
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
 DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
 
 
@@ -530,6 +625,7 @@ class Results:
         self.first_loss = {}  # run -> its first logged training loss, for diverged()
         self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
         self.resume_point = None
+        self.device, self.current = torch.device(device), None  # current: the Progress of the run training now
         if resume:
             self.data = load_results(self.path, script)
             self.data.pop("interrupted", None)
@@ -560,6 +656,20 @@ class Results:
     def final(self, run, values):
         self._run(run)["final"].update(values)
         self.save()
+        self.stop_progress()
+
+    def progress(self, run, start, total, eval_every, **kw):
+        """A Progress for `run`'s training loop (see Progress), printing every --progress-every seconds until the
+        run's final numbers are in, another run starts, or recording() ends."""
+        self.stop_progress()
+        every = self.data["args"].get("progress_every", 20) if self.write else 0  # torchrun: rank 0 alone prints
+        self.current = Progress(run, start, total, eval_every, every=every, cpu=self.device.type == "cpu", **kw)
+        return self.current
+
+    def stop_progress(self):
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
 
     def finished(self, run, key=None):
         """Whether a resumed run already has its final numbers (final[key] when given) or diverged: it is not trained
@@ -628,6 +738,7 @@ class Results:
         try:
             yield self
         except KeyboardInterrupt as e:
+            self.stop_progress()
             self.data["interrupted"] = True
             self.save()
             self.write_checkpoint()
@@ -635,6 +746,8 @@ class Results:
         except Exception:
             self.write_checkpoint()
             raise
+        finally:
+            self.stop_progress()
 
     def save(self):
         if self.write:

@@ -17,7 +17,6 @@ The paper's sizes were lost; the ones below and in the flags are our choice (see
     python report.py out/synthetic/cases          # redraw the figure and the summary from metrics.json
 """
 
-import argparse
 import copy
 import time
 
@@ -43,7 +42,7 @@ FIG12 = {
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("experiment")
     g.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
     g.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
@@ -257,9 +256,11 @@ def train_one(args, label, sizes, seed, results, device):
     order = torch.Generator(device).manual_seed(seed)  # the minibatch order, kept in checkpoints
     start = restore(snap, model, opt, [order]) if (snap := results.resume(run, "step")) else 0
     ids_train, y_train = sets["train"]
-    t0 = time.time()
+    progress = results.progress(run, start, args.steps, args.eval_every)  # a line every --progress-every seconds
+    t0, loss = time.time(), None
     for step in range(start, args.steps + 1):
         evaluating = step % args.eval_every == 0 or step == args.steps
+        progress.tick(step, evaluating, loss)
         results.checkpoint(run, step, evaluating, args.save_every, model, opt, [order])  # for --resume
         if evaluating:
             row = {"step": step, **evaluate(model, vocab_dev, onehot, sets, sens_x)}

@@ -14,7 +14,6 @@ normalised image at a time, every patch in turn, the same patch grid for every a
 Sec. 5's pretrained ImageNet models: imagenet.py. robustness.py trains these models with other objectives.
 """
 
-import argparse
 import math
 import os
 import time
@@ -45,6 +44,8 @@ LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "dens
       "mlp-sigmoid": 0.5, "cnn": 0.005}
 LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
 SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep: noise stds from far below to far above the pixel range
+CPU_SIZE = ("the README's CPU-sized protocol (about 35 min per model on one thread): python vision.py --dataset "
+            "fashionmnist --n-train 3000 --depth 4 --heads 4 --dim-head 16 --until-acc 0.99 --epochs 200")
 
 
 def add_flags(p):
@@ -65,7 +66,8 @@ def add_flags(p):
     g.add_argument("--spt-shift", type=str, default="1", choices=["1", "half"], help="ViT-small's shifted patches: "
                    "one pixel in four directions [author code], or half a patch diagonally [Lee et al.]")
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS))
+    g.add_argument("--dataset", type=str, default="cifar10", choices=list(DATASETS),
+                   help="fake, fake28: random images, for offline checks")
     g.add_argument("--data-dir", type=str, default="data", help="where the dataset files are (or are downloaded to)")
     g.add_argument("--n-train", type=positive_int, default=None, help="a random subset of the training images")
     g.add_argument("--n-test", type=positive_int, default=None, help="the first this many test images")
@@ -123,7 +125,7 @@ def check_flags(p, args):
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     add_flags(p)
     g = add_run_flags(p, unit="epochs", default_name="<dataset>-<models>")
     g.add_argument("--save-model", action="store_true", help="save each final model to <run>/<model>-seed<k>.pt")
@@ -603,9 +605,12 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     fwd = for_training(model, device, compile_model=args.compile)  # DDP under torchrun, and/or compiled
     measured = model if world > 1 else fwd  # evaluation and sensitivity are sharded by hand, not through DDP
     head = (args.mask[0], args.sigma[0])  # the headline measurement, logged as "sens"
+    progress = results.progress(run, start, num_steps, args.eval_every * steps_per_epoch, per_epoch=steps_per_epoch,
+                                hint=CPU_SIZE)  # a line every --progress-every seconds, with the time to the end
     t0, loss = time.time(), None
     for step in range(start, num_steps + 1):
         i = step % steps_per_epoch  # the step within its epoch
+        progress.tick(step, (i == 0 and step // steps_per_epoch % args.eval_every == 0) or step == num_steps, loss)
         if i == 0 or step == num_steps:  # the end of an epoch: check, checkpoint, evaluate
             epoch = math.ceil(step / steps_per_epoch)
             if step > start and results.diverged(run, epoch, all_sum(loss.item())[0] / world, "epoch"):
@@ -692,7 +697,8 @@ def main(args):
             results.save()
             report.summary(results.data)
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        print("wrote", *report.draw(results.data, folder))
+        if paths := report.draw(results.data, folder):
+            print("wrote", *paths)
     return results.data
 
 

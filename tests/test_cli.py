@@ -4,6 +4,7 @@ corrupt data files named with their problem, and one vocabulary of flags."""
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -210,6 +211,14 @@ def test_ctrl_c_keeps_the_metrics_and_exits_130(tmp_path, capsys, monkeypatch):
     data = json.loads(path.read_text())
     assert data["interrupted"] is True
     assert [h["epoch"] for h in data["runs"]["mlp/seed0"]["history"]] == [0, 1, 2]
+    # the message names the folder and the command that continues the run; that command finishes it
+    command = err.split("Continue with: ", 1)[1].split()
+    assert command[:3] == ["python", "vision.py", "--resume"] and command[3] == str(tmp_path / "vision" / "c")
+    monkeypatch.undo()
+    code, err = run("vision", command[2:], capsys)
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert [h["epoch"] for h in data["runs"]["mlp/seed0"]["history"]] == list(range(11)) and "interrupted" not in data
 
 
 @pytest.mark.slow
@@ -253,6 +262,32 @@ def test_robustness_help_lists_every_flag_it_accepts(capsys):
             robustness.parse_args(argv)
         except SystemExit as e:
             assert "unrecognized" not in str(e) and e.code == 2 or e.code == 0, flag
+
+
+def test_help_shows_every_default(capsys):
+    """Every flag with a value has its default in --help, in every script and in report.py: the text after a flag
+    (up to the next flag) says 'default'. Switches (default off) and flags without a default are exempt."""
+    for name, module in SCRIPTS.items():
+        p = None
+
+        def grab(parser, *a, **k):
+            nonlocal p
+            p = parser
+            raise SystemExit(0)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(ArgumentParser, "parse_args", grab)
+            with pytest.raises(SystemExit):
+                module.parse_args([])
+        text = p.format_help()
+        for action in p._actions:
+            if not action.option_strings or action.default is None or action.default is False or action.nargs == 0:
+                continue
+            flag = action.option_strings[-1]
+            after = re.split(rf"\n  {re.escape(flag)}\b", text, maxsplit=1)[1]
+            entry = re.split(r"\n  --", after, maxsplit=1)[0]
+            assert "default" in entry, (name, flag, entry)
+    capsys.readouterr()
 
 
 def test_one_vocabulary_across_scripts(capsys):

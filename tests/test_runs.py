@@ -1,19 +1,23 @@
 """The run plumbing in runs.py: the results file, run folders, strict JSON, the divergence rule, the exit codes of
 cli(), --resume through the parser, and report.py's redraw and merge of run folders."""
 
+import importlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 from conftest import stop_at_backward
 import report
 import synthetic
 import vision
-from runs import Results, cli, load_results, new_run_dir, write_json
+from runs import Progress, Results, cli, duration, load_results, new_run_dir, write_json
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
@@ -103,6 +107,88 @@ def test_cli_exit_codes(tmp_path, capsys):
 
 
 # -----------------------------------------------------------------------------
+# progress lines on a timer
+
+
+class Stamped(io.StringIO):
+    """A stdout that keeps the time each line was written."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def write(self, text):
+        self.lines += [(time.monotonic(), line) for line in text.splitlines() if line]
+        return super().write(text)
+
+
+def test_progress_prints_on_a_timer_through_a_long_evaluation_and_slow_steps(monkeypatch):
+    """A loop whose first evaluation takes 0.6 s and whose steps take 30 ms, with a line every 0.1 s: the first line
+    comes during that evaluation (within two periods of the start), no gap between lines is much over a period, the
+    lines give the loss, ms per step and the time to the next evaluation and to the end, and one line gives the
+    estimated time of the run once three steps are timed."""
+    out = Stamped()
+    monkeypatch.setattr(sys, "stdout", out)
+    t0 = time.monotonic()
+    progress = Progress("vit/seed0", 0, 40, 20, every=0.1)
+    for step in range(41):
+        evaluating = step % 20 == 0 or step == 40
+        progress.tick(step, evaluating, torch.tensor(0.5 + step))
+        time.sleep(0.6 if step == 0 else 0.1 if evaluating else 0.03)
+    progress.stop()
+    times = [t0] + [t for t, _ in out.lines]
+    text = [line for _, line in out.lines]
+    assert times[1] - t0 < 0.2 and "step 0/40 | evaluating for" in text[0]
+    assert max(b - a for a, b in zip(times, times[1:])) < 0.25
+    ticking = [line for line in text if "ms/step" in line]
+    assert len(ticking) >= 5 and all("next evaluation in" in line and "end in" in line for line in ticking)
+    assert re.search(r"loss \d+\.5000 \| 3\d ms/step", ticking[0]), ticking[0]
+    estimate = [line for line in text if "estimated time of this run" in line]
+    assert len(estimate) == 1 and "36 steps at 3" in estimate[0] and "2 evaluations at" in estimate[0]
+
+
+def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
+    """The estimate line is followed by the hint only when the estimate is over an hour on a CPU; the arithmetic of
+    the estimate: steps left x median step time + evaluations left x an evaluation's time."""
+    for cpu, total, hinted in [(True, 10**6, True), (False, 10**6, False), (True, 100, False)]:
+        progress = Progress("m/seed0", 0, total, 50, every=0, hint="try --small", cpu=cpu)
+        progress.last, progress.evals = (time.monotonic(), 4, False), [1.0]
+        progress.steps = [0.01, 0.01, 0.02]
+        assert progress.evals_left(4) == total // 50 + 0 and progress.eval_time() == pytest.approx(0.99)
+        assert progress.seconds_left(4) == pytest.approx((total - 4) * 0.01 + total // 50 * 0.99)
+        progress.steps.pop()
+        progress.tick(5, False)
+        out = capsys.readouterr().out
+        assert "estimated time of this run" in out and ("try --small" in out) == hinted, out
+    assert [duration(s) for s in [5, 90, 600, 36000]] == ["5 s", "90 s", "10.0 min", "10.0 h"]
+
+
+@pytest.mark.slow
+def test_a_slow_training_loop_prints_progress_on_time(tmp_path, monkeypatch):
+    """vision.py with training steps slowed to 50 ms and --progress-every 0.3: progress lines with the epoch, ms per
+    step and the time to the end come between the evaluations, at most about a period apart."""
+    real = torch.Tensor.backward
+
+    def slow(self, *a, **k):
+        time.sleep(0.05)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "backward", slow)
+    importlib.import_module("torch._dynamo")  # the first optimizer step imports it: a second that holds the interpreter
+    out = Stamped()
+    monkeypatch.setattr(sys, "stdout", out)
+    t0 = time.monotonic()
+    vision.main(vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--epochs", "4", "--eval-every", "2",
+                                   "--batch-size", "20", "--n-train", "200", "--n-test", "20", "--n-sens", "5",
+                                   "--mlp-hidden", "16", "--progress-every", "0.3", "--out-dir", str(tmp_path)]))
+    lines = [(t, line) for t, line in out.lines if " | step " in line]
+    assert any(re.search(r"step \d+/40 \(epoch \d\.\d\) \| loss [\d.]+ \| 5\d ms/step \| next evaluation in .* \| end "
+                         r"in", line) for _, line in lines), [line for _, line in lines]
+    training = [t for t, line in out.lines if "/seed0" in line]  # every line of the run, progress or evaluation
+    assert training[0] - t0 < 5 and max(b - a for a, b in zip(training, training[1:])) < 0.6
+
+
+# -----------------------------------------------------------------------------
 # --resume through the script's parser
 
 
@@ -130,7 +216,8 @@ def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch,
     assert [h["step"] for h in resumed["runs"]["sparse-lower/seed0"]["history"]] == [0, 2, 4, 6]
     with pytest.raises(SystemExit):
         synthetic.parse_args(["--resume", str(folder), "--steps", "9"])
-    assert "only --threads and --device may be given beside it, not --steps" in capsys.readouterr().err
+    assert "only --threads, --device and --progress-every may be given beside it, not --steps" in \
+        capsys.readouterr().err
 
 
 # -----------------------------------------------------------------------------
