@@ -143,6 +143,9 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     """The work of `sensitivity` for one rank of `world`: the (N, T) flip and trial counts of the chunks c with
     c mod world == rank, and the total number of perturbed evaluations (all ranks). Summing the counts of ranks
     0..world-1 gives exactly the single-process counts."""
+    for name, v, what in [("f", f, "f(x_batch, idx)"), ("perturb", perturb, "gaussian(sigma), replace(vocab), flip()")]:
+        if not callable(v):  # a float where gaussian(0.1) belongs, say: named here, not a TypeError deep inside
+            raise TypeError(f"{name} must be callable ({what}), got {v!r}")
     for name, v, kind in [("x", x, torch.Tensor), ("mask", mask, (torch.Tensor, type(None))), ("reps", reps, int),
                           ("positions", positions, (int, type(None))), ("batch_size", batch_size, (int, type(None)))]:
         if not isinstance(v, kind) or isinstance(v, bool):

@@ -439,8 +439,8 @@ def load_frost(folder):
         path = os.path.join(folder or "", name)
         if not folder or not os.path.isfile(path):
             raise FileNotFoundError(f"frost needs the six frost images of Hendrycks' release ({', '.join(FROST_FILES)}"
-                                    ", in ImageNet-C/create_c/ of github.com/hendrycks/robustness) in --frost-dir; "
-                                    f"{path if folder else 'no --frost-dir was given'}")
+                                    ", in ImageNet-C/create_c/ of github.com/hendrycks/robustness) in frost_dir= "
+                                    f"(--frost-dir); {path + ' is missing' if folder else 'no folder was given'}")
         try:
             img = torch.from_numpy(np.array(Image.open(path).convert("RGB"), dtype=np.float32)).permute(2, 0, 1)
         except OSError as e:

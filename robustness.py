@@ -122,15 +122,22 @@ def accuracy(model, images, labels, batch_size=500):
     return correct / len(images)
 
 
-def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(STANDARD + EXTRA),
-                         severities=(1, 2, 3, 4, 5), cifar10c_dir=None, n=None, frost_dir=None, seed=0):
+def evaluate_corruptions(model, images=None, labels=None, *, corruptions=None, severities=(1, 2, 3, 4, 5),
+                         cifar10c_dir=None, n=None, frost_dir=None, seed=0):
     """Corruption accuracy of `model`, any module of [0, 1] float images (B, C, H, W) -> logits. The corrupted
     images are read from the official release in cifar10c_dir (its first n images per severity, all by default),
     or generated here from the clean uint8 `images` (with `labels`; for CIFAR-10 they are the release's source, so
     pass them with cifar10c_dir too for the clean accuracy). Returns {"clean_acc": on the same images (None without),
     "corruption_acc": {name: {severity: acc}}, "mean_corruption_acc": over the 15 standard corruptions measured
-    (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured}. `images` may be uint8 or floats in
-    [0, 1] (a torchvision ToTensor batch); names, severities and sizes are checked before any work."""
+    (RobustBench's number), "mean_extra_acc": over the 4 extra ones measured, "skipped": {name: why}}. corruptions=None
+    is all 19, but frost when generated without frost_dir (its textures): it is then skipped, and "skipped" says so.
+    `images` may be uint8 or floats in [0, 1] (a torchvision ToTensor batch); names, severities, sizes and the frost
+    textures are checked before any work."""
+    skipped = {}
+    if corruptions is None:
+        corruptions = [c for c in STANDARD + EXTRA if c != "frost" or cifar10c_dir or frost_dir]
+        if "frost" not in corruptions:
+            skipped["frost"] = "generating it needs frost_dir=, the folder of the release's six frost textures"
     if isinstance(corruptions, str) or not all(isinstance(c, str) for c in corruptions):
         raise TypeError(f"corruptions must be a list of names, got {corruptions!r}")
     for name in corruptions:
@@ -148,9 +155,15 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=tuple(S
                              f"{None if labels is None else len(labels)} labels")
     elif not cifar10c_dir:
         raise ValueError("evaluate_corruptions needs the clean images to corrupt, or cifar10c_dir (the release)")
+    if "frost" in corruptions and not cifar10c_dir:  # its textures, before any work
+        try:
+            load_frost(frost_dir)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e}; or leave 'frost' out of corruptions= (the default leaves it out without "
+                                    "frost_dir=)") from None
     device = next(iter(model.parameters()), torch.empty(0)).device  # a model with no parameters runs on the CPU
     gen = torch.Generator(device).manual_seed(seed)  # the random corruptions' draws: the same for every model
-    out = {"corruption_acc": {}, "clean_acc": None}
+    out = {"corruption_acc": {}, "clean_acc": None, "skipped": skipped}
     if images is not None:
         images, labels = images[:n].to(device), labels[:n].to(device)
         out["clean_acc"] = accuracy(model, images, labels)

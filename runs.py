@@ -582,8 +582,9 @@ def duration(seconds):
     """'45 s', '12.5 min', '3.2 h'."""
     if not math.isfinite(seconds):
         return "?"
-    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} h"
+    if seconds < 120:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged

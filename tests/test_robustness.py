@@ -280,6 +280,17 @@ class NoParameters(torch.nn.Module):
         return torch.stack([torch.ones(len(x)), torch.zeros(len(x))], 1)
 
 
+def test_evaluate_corruptions_by_default_makes_every_corruption_it_can_and_says_which_it_skipped():
+    """Without frost_dir, the default generates the 18 corruptions other than frost and says frost was skipped and
+    why; the standard mean is then over 14."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (4, 3, 32, 32), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (4,), generator=g)
+    out = R.evaluate_corruptions(Constant(3), images, labels, severities=[1])
+    assert set(out["corruption_acc"]) == set(R.STANDARD + R.EXTRA) - {"frost"} and out["standard_measured"] == 14
+    assert list(out["skipped"]) == ["frost"] and "frost_dir=" in out["skipped"]["frost"]
+
+
 def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use():
     """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes; a model with
     no parameters runs; bad names, severities, sizes, labels, normalisations and NaN outputs are refused with a
@@ -300,7 +311,9 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
            (dict(severities=[-1]), ValueError, "got -1"), (dict(severities=[6]), ValueError, "got 6"),
            (dict(n=-1), ValueError, "n must be None (all) or a number of images >= 1, got -1"),
            (dict(labels=labels[:30]), ValueError, "40 images, 30 labels"),
-           (dict(images=images.float()), ValueError, "float images must lie in [0, 1]")]
+           (dict(images=images.float()), ValueError, "float images must lie in [0, 1]"),
+           (dict(corruptions=["frost"]), FileNotFoundError, "in frost_dir= (--frost-dir); no folder was given; or "
+            "leave 'frost' out of corruptions= (the default leaves it out without frost_dir=)")]
     for extra, error, message in bad:
         args = {"images": images, "labels": labels, **kw, **extra}
         with pytest.raises(error) as e:

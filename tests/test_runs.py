@@ -278,17 +278,31 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
         report.draw({"runs": {}}, str(tmp_path))
 
 
-def test_the_readme_snippet_runs_from_another_folder(tmp_path):
-    """The README's "measure your own model" code, saved as a file in another folder and run as it says (this
-    repository on PYTHONPATH), prints a sensitivity with its standard error."""
+def test_the_readme_snippets_run_from_another_folder(tmp_path):
+    """Every Python block of the README, saved as a file in another folder and run as the README says (this
+    repository on PYTHONPATH), offline: the estimator prints a sensitivity with its standard error, and the
+    corruption accuracy runs without the release or the frost textures and says frost was skipped."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readme = open(os.path.join(root, "README.md")).read()
-    code = readme.split("## Measure your own model", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "mine.py").write_text(code)
+    blocks = open(os.path.join(root, "README.md")).read().split("```python\n")[1:]
+    assert len(blocks) == 2
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert re.fullmatch(r"sensitivity 0\.\d{4} \+- 0\.\d{4}\n", out.stdout), out.stdout
+    outputs = []
+    for i, block in enumerate(blocks):
+        (tmp_path / f"mine{i}.py").write_text(block.split("```", 1)[0])
+        out = subprocess.run([sys.executable, f"mine{i}.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        outputs.append(out.stdout)
+    assert re.fullmatch(r"sensitivity 0\.\d{4} \+- 0\.\d{4}\n", outputs[0]), outputs[0]
+    assert re.fullmatch(r"clean 0\.\d+ \| mean corruption 0\.\d+ over 14 of the 15 \| skipped \['frost'\]\n",
+                        outputs[1]), outputs[1]
+
+
+def test_pyproject_names_every_module():
+    """`pip install -e .` installs the modules pyproject.toml names: every top-level .py file of the repository."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "pyproject.toml")).read()
+    named = set(re.findall(r'"(\w+)"', text.split("py-modules = [", 1)[1].split("]", 1)[0]))
+    assert named == {f[:-3] for f in os.listdir(root) if f.endswith(".py")}
 
 
 def test_run_identity_from_fields_and_from_older_names():
