@@ -62,6 +62,10 @@ def add_flags(p):
     g.add_argument("--patch-size", type=positive_int, default=None, help="ViT/ConvMixer patch in pixels: default 4 "
                    "[author code, CIFAR-10; the paper's one size for the other sets], 7 on MNIST 0 vs 1 [our choice]")
     g.add_argument("--no-patch-norm", action="store_true", help="ViTs without the LayerNorm on each raw patch")
+    g.add_argument("--no-block-norm", action="store_true", help="ViTs without the LayerNorm before each attention and "
+                   "MLP (the final one kept): nothing in the blocks removes a token's scale")
+    g.add_argument("--input-patch-norm", action="store_true", help="the MLPs and the CNN with a LayerNorm of each "
+                   "--patch-size patch of the image in front, as the ViT's tokeniser normalises a patch")
     g.add_argument("--mlp-hidden", type=positive_int, nargs="+", default=[512, 128], help="hidden widths of the MLPs")
     g.add_argument("--spt-shift", type=str, default="1", choices=["1", "half"], help="ViT-small's shifted patches: "
                    "one pixel in four directions [author code], or half a patch diagonally [Lee et al.]")
@@ -105,6 +109,9 @@ def add_flags(p):
     g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many patches per image")
     g.add_argument("--n-sens", type=positive_int, default=500, help="training images the sensitivity is measured on")
     g.add_argument("--eval-every", type=positive_int, default=5, help="epochs between evaluations [author code]")
+    g.add_argument("--flat-patches", type=nonnegative_float, default=None, help="also measure the final model "
+                   "(patch mask, first sigma) on the flat and the other patches apart: flat if the clean patch's "
+                   "pixel std is below this, on the [-1, 1] scale")
     g.add_argument("--match-acc", type=checked(float, lambda v: 0 < v <= 1, "train accuracies in (0, 1]"), nargs="+",
                    default=[], help="read the sensitivity where train accuracy first crosses these levels (App. A.1)")
     return p
@@ -205,9 +212,10 @@ def augment_batch(x, generator):
 class FeedForward(nn.Module):
     """The transformer's MLP, pre-norm: LayerNorm, dim -> hidden -> dim with GELU."""
 
-    def __init__(self, dim, hidden, dropout):
+    def __init__(self, dim, hidden, dropout, norm=True):
         super().__init__()
-        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout),
+        self.net = nn.Sequential(nn.LayerNorm(dim) if norm else nn.Identity(), nn.Linear(dim, hidden), nn.GELU(),
+                                 nn.Dropout(dropout),
                                  nn.Linear(hidden, dim), nn.Dropout(dropout))
 
     def forward(self, x):
@@ -218,10 +226,10 @@ class Attention(nn.Module):
     """Multi-head self-attention, pre-norm. lsa=True is Locality Self-Attention (Lee et al. 2021): a learned
     temperature in place of 1/sqrt(d_head), and no token attends to itself (the diagonal is masked)."""
 
-    def __init__(self, dim, heads, dim_head, dropout, lsa=False):
+    def __init__(self, dim, heads, dim_head, dropout, lsa=False, norm=True):
         super().__init__()
         self.heads, self.dropout, self.lsa = heads, dropout, lsa
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim) if norm else nn.Identity()
         self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)  # queries, keys and values of every head at once
         self.out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout))
         # LSA learns the scale, starting at the usual 1/sqrt(d_head); kept as a log so it stays positive
@@ -242,11 +250,13 @@ class Attention(nn.Module):
 
 
 class Transformer(nn.Module):
-    """depth pre-norm blocks (attention, then MLP, each added to the residual stream) and a final LayerNorm."""
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout, lsa=False):
+    """depth pre-norm blocks (attention, then MLP, each added to the residual stream) and a final LayerNorm;
+    block_norm=False drops the LayerNorm in front of each attention and MLP."""
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout, lsa=False, block_norm=True):
         super().__init__()
-        self.layers = nn.ModuleList([nn.ModuleList([Attention(dim, heads, dim_head, dropout, lsa),
-                                                    FeedForward(dim, mlp_dim, dropout)]) for _ in range(depth)])
+        self.layers = nn.ModuleList([nn.ModuleList([Attention(dim, heads, dim_head, dropout, lsa, block_norm),
+                                                    FeedForward(dim, mlp_dim, dropout, block_norm)])
+                                     for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x):
@@ -280,13 +290,13 @@ class ViT(nn.Module):
     """ViT-small of Lee et al. (2021): SPT tokens, a class token, learned positions, LSA blocks, head on the class."""
 
     def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, dropout,
-                 patch_norm=True, spt_shift="1"):
+                 patch_norm=True, block_norm=True, spt_shift="1"):
         super().__init__()
         self.tokens = ShiftedPatchTokenization(channels, patch, dim, patch_norm, spt_shift)
         self.cls = nn.Parameter(torch.randn(1, 1, dim))  # the class token, read by the head
         self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim))  # one per patch, and the class's
         self.drop = nn.Dropout(dropout)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, lsa=True)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, lsa=True, block_norm=block_norm)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, img):
@@ -306,14 +316,15 @@ def sincos_2d(h, w, dim, temperature=10000.0):
 class SimpleViT(nn.Module):
     """ViT-simple of Beyer et al. (2022): plain patches, fixed sin-cos positions, no dropout, mean pooling."""
 
-    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, patch_norm=True):
+    def __init__(self, *, image, channels, patch, classes, dim, depth, heads, dim_head, mlp_dim, patch_norm=True,
+                 block_norm=True):
         super().__init__()
         self.patch = patch
         patch_dim = channels * patch * patch
         self.embed = nn.Sequential(nn.LayerNorm(patch_dim) if patch_norm else nn.Identity(), nn.Linear(patch_dim, dim),
                                    nn.LayerNorm(dim))  # raw patch -> token, normalised before and after
         self.register_buffer("pos", sincos_2d(image // patch, image // patch, dim))
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout=0.0)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout=0.0, block_norm=block_norm)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, img):
@@ -423,6 +434,20 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class PatchNorm(nn.Module):
+    """A LayerNorm of each p x p patch of the image (its C*p*p pixels, with a learned scale and shift), as the ViT's
+    tokeniser normalises a patch (there: the patch and its four shifts); --input-patch-norm puts it in front of the
+    MLPs and the CNN. A flat patch (pixel std near 0) becomes unit-scale: small noise on it is magnified."""
+
+    def __init__(self, channels, size, patch):
+        super().__init__()
+        self.patch, self.shape = patch, (channels, size, size)
+        self.norm = nn.LayerNorm(channels * patch * patch)
+
+    def forward(self, x):
+        return unpatchify(self.norm(patchify(x, self.patch)), self.patch, self.shape)
+
+
 class CNN(nn.Module):
     """The small Fashion-MNIST CNN: two 3x3 convs (32 channels), a 2x2 max-pool, a 128-unit layer, LeakyReLU after
     each (the paper's text; the authors' ConvNeuralNet has none after the second conv)."""
@@ -440,7 +465,10 @@ class CNN(nn.Module):
 def build_model(name, args, channels, size, classes):
     # the two ViTs share their size flags; the others take what they need
     vit_kw = dict(image=size, channels=channels, patch=args.patch_size, classes=classes, dim=args.dim, depth=args.depth,
-                  heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm)
+                  heads=args.heads, dim_head=args.dim_head, mlp_dim=args.mlp_dim, patch_norm=not args.no_patch_norm,
+                  block_norm=not args.no_block_norm)
+    normed = lambda net: nn.Sequential(PatchNorm(channels, size, args.patch_size), net) if args.input_patch_norm \
+        else net  # --input-patch-norm: the MLPs and the CNN get the ViT's per-patch LayerNorm in front
     if name == "vit":
         return ViT(**vit_kw, dropout=args.dropout, spt_shift=args.spt_shift)
     elif name == "vit-simple":
@@ -452,11 +480,20 @@ def build_model(name, args, channels, size, classes):
     elif name == "convmixer":
         return ConvMixer(channels=channels, classes=classes, dim=args.dim, depth=args.depth, patch=args.patch_size)
     elif name in ("mlp", "mlp-sigmoid"):
-        activation = "sigmoid" if name == "mlp-sigmoid" else "leakyrelu"
-        return MLP(inputs=channels * size * size, hidden=args.mlp_hidden, classes=classes, activation=activation)
+        act = "sigmoid" if name == "mlp-sigmoid" else "leakyrelu"
+        return normed(MLP(inputs=channels * size * size, hidden=args.mlp_hidden, classes=classes, activation=act))
     elif name == "cnn":
-        return CNN(channels=channels, size=size, classes=classes)
+        return normed(CNN(channels=channels, size=size, classes=classes))
     raise ValueError(f"unknown model {name!r}")
+
+
+def ablation(name, args):
+    """The normalisation ablation a model was built with, as a suffix of its run's label ('vit-no-patch-norm')."""
+    vit = name.startswith("vit")
+    return "".join(suffix for suffix, on in [("-no-patch-norm", vit and args.no_patch_norm),
+                                             ("-no-block-norm", vit and args.no_block_norm),
+                                             ("-patch-norm", name in ("mlp", "mlp-sigmoid", "cnn") and
+                                              args.input_patch_norm)] if on)
 
 
 def learning_rate(name, args):
@@ -490,9 +527,11 @@ def evaluate(model, x, y):
     return loss / len(x), correct / len(x)
 
 
-def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, positions=None):
+def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, positions=None, flat=None):
     """{(mask, sigma): Sensitivity} of the model on normalised images (N, C, H, W), in float32. The noise depends on
-    `seed` alone: models measured with the same seed see identical perturbations (paired comparisons)."""
+    `seed` alone: models measured with the same seed see identical perturbations (paired comparisons). The mask
+    "flat" gives ("flat", sigma) and ("object", sigma): the patch mask on the patches whose clean pixel std is below
+    `flat` and on the others, over the images that have both (the same images for every model)."""
     model.eval()  # dropout off: it would count as flips
     shape = images.shape[1:]
 
@@ -508,6 +547,11 @@ def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, po
     for sigma in sigmas:
         if "patch" in masks:  # Def. 4.1: one patch at a time
             out["patch", sigma] = sensitivity(f, tokens, gaussian(sigma), reps=reps, positions=positions, seed=seed)
+        if "flat" in masks:  # where the flips are: on the background (flat patches) or on the object
+            is_flat = tokens.std(-1) < flat  # (N, T)
+            both = is_flat.any(1) & ~is_flat.all(1)
+            for name, where in [("flat", is_flat[both]), ("object", ~is_flat[both])]:
+                out[name, sigma] = sensitivity(f, tokens[both], gaussian(sigma), mask=where, reps=reps, seed=seed)
         if "scattered" in masks:  # the authors' released estimator, the same number of evaluations
             out["scattered", sigma] = scattered_sensitivity(model, images, patch, sigma, T * reps, seed)
         if "global" in masks:  # App. A.2: one patch's noise energy (std sigma / sqrt(T)) over the whole image
@@ -584,7 +628,7 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     from (checkpoints keep them) and the final key that marks its run done. Returns the model; None if it diverged
     (marked in metrics.json) or was done."""
     channels, size, classes, _ = DATASETS[args.dataset]
-    run = run or Run(name, seed)
+    run = run or Run(name + ablation(name, args), seed)
     if results.finished(run, done_when):  # a resumed run that got that far: nothing to do
         return None
     seed_all(seed)  # the initialisation depends on the seed alone
@@ -659,7 +703,11 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
         todo = [s for s in sigmas if (mask, s) not in sens]  # what the last evaluation measured is reused
         sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
                                         seed=args.sens_seed, reps=args.reps, positions=args.sens_positions))
-    sens = dict(sorted(sens.items(), key=lambda kv: (args.mask.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
+    if args.flat_patches is not None:  # the patch mask on flat and on object patches apart, at the first sigma
+        sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=args.sigma[:1],
+                                        masks=["flat"], seed=args.sens_seed, reps=args.reps, flat=args.flat_patches))
+    order = args.mask + ["flat", "object"]
+    sens = dict(sorted(sens.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
                                  "step"]}
     final["stopped"] = stop or "all epochs done"  # which end point the run reached

@@ -204,6 +204,78 @@ def test_patch_norm_blows_up_noise_on_a_blank_patch(name):
     assert without[0] == pytest.approx(without[1] / 100, rel=1e-3)
 
 
+def test_the_patch_norm_makes_a_token_blind_to_its_patchs_scale():
+    """With the patch LayerNorm, a patch scaled by 10 or by 1,000 gives the same token (to the LayerNorm's eps);
+    without it the token moves with the scale."""
+    def tokens(extra, scale):
+        args = vision.parse_args(["--dataset", "fake28", "--patch-size", "7"] + SMALL + extra)
+        torch.manual_seed(0)
+        model = vision.build_model("vit", args, 1, 28, 10).eval()
+        img = torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            return model.tokens(img * scale)
+
+    assert torch.allclose(tokens([], 10), tokens([], 1000), atol=1e-3)
+    assert not torch.allclose(tokens(["--no-patch-norm"], 10), tokens(["--no-patch-norm"], 1000), atol=1)
+
+
+@pytest.mark.parametrize("name", ["vit", "vit-simple"])
+def test_no_block_norm_removes_every_layernorm_in_the_blocks(name):
+    """--no-block-norm: no LayerNorm before attention or MLP (the final one and the patch norm stay), so a block's
+    attention branch sees a token's scale: x and 10 x give the same branch output with the norm, not without."""
+    def model(extra):
+        args = vision.parse_args(["--dataset", "fake28", "--patch-size", "7"] + SMALL + extra)
+        torch.manual_seed(0)
+        return vision.build_model(name, args, 1, 28, 10).eval()
+
+    both = vision.parse_args(["--no-block-norm", "--no-patch-norm", "--input-patch-norm"])
+    assert vision.ablation(name, both) == "-no-patch-norm-no-block-norm"  # the run's label: vit-no-patch-norm-...
+    norms = lambda m: sum(isinstance(x, nn.LayerNorm) for x in m.transformer.layers.modules())  # noqa: E731
+    assert norms(model([])) == 2 * 2 and norms(model(["--no-block-norm"])) == 0  # depth 2: attention + MLP each
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attn = model([]).transformer.layers[0][0]
+        assert torch.allclose(attn(x), attn(10 * x), atol=1e-4)
+        attn = model(["--no-block-norm"]).transformer.layers[0][0]
+        assert not torch.allclose(attn(x), attn(10 * x), atol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp-sigmoid", "cnn"])
+def test_input_patch_norm_puts_the_vits_patch_layernorm_in_front(name):
+    """--input-patch-norm: the MLPs and the CNN start with a per-patch LayerNorm, which turns noise of std 0.01 on a
+    flat patch into a unit-scale patch (each of its pixels about +-1) and leaves the other patches' scale alone."""
+    args = vision.parse_args(["--dataset", "fake28", "--patch-size", "7", "--input-patch-norm"] + SMALL)
+    model = vision.build_model(name, args, 1, 28, 10).eval()
+    assert vision.ablation(name, args) == "-patch-norm" and vision.ablation("vit", args) == ""
+    plain = vision.build_model(name, vision.parse_args(["--dataset", "fake28"] + SMALL), 1, 28, 10)
+    assert isinstance(model[0], vision.PatchNorm) and not any(isinstance(m, vision.PatchNorm) for m in plain.modules())
+    flat = -torch.ones(1, 1, 28, 28)
+    flat[..., :7, :7] += 0.01 * torch.randn(1, 1, 7, 7, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = patchify(model[0](flat), 7)[0]  # (16, 49)
+    assert out[0].std().item() == pytest.approx(1.0, rel=0.05) and out[1:].abs().max() < 1e-3  # eps keeps flat at 0
+
+
+class ReadsTheBackground(nn.Module):
+    """Class 1 iff the top half of an 8x8 image (its two upper 4x4 patches) is not constant."""
+
+    def forward(self, img):
+        v = (img[:, :, :4].flatten(1).std(1) > 1e-6).float()
+        return torch.stack([1 - v, v], 1)
+
+
+def test_flat_and_object_patches_are_measured_apart():
+    """Images whose upper two patches are flat and lower two are not, and a model that flips whenever noise lands
+    on the upper half: sensitivity 1 on the flat patches, 0 on the object patches, 0.5 with the patch mask; an image
+    with no flat patch is left out of both."""
+    images = torch.randn(9, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    images[:8, :, :4] = -1.0  # the background of 8 images; the ninth has none
+    sens = vision.measure_sensitivity(ReadsTheBackground(), images, patch=4, sigmas=[0.1], masks=["patch", "flat"],
+                                      seed=0, flat=0.01)
+    assert sens["flat", 0.1].mean == 1 and sens["object", 0.1].mean == 0 and len(sens["flat", 0.1].per_input) == 8
+    assert sens["patch", 0.1].per_input[:8].tolist() == [0.5] * 8
+
+
 # -----------------------------------------------------------------------------
 # what the numbers mean: known answers for the metrics, options that take effect, the data
 
@@ -543,3 +615,21 @@ def test_the_final_model_is_measured_at_every_sweep_sigma_with_the_runs_flags(tm
         assert final["per_image"][f"patch:{sigma:g}"] == [round(v, 6) for v in again["patch", sigma].per_input.tolist()]
         assert any(again["patch", sigma].per_input > 0)  # not vacuous: the noise flips some predictions
     assert again["patch", 30].evaluations == 6 * 49 * 2
+
+
+def test_flat_patches_flag_adds_the_two_measurements_to_the_final_numbers(tmp_path):
+    """--flat-patches S measures the final model on flat and object patches at the first sigma, with the run's noise
+    seed: keys flat:<sigma> and object:<sigma> in sens_at and per_image, equal to measure_sensitivity's."""
+    data = separable_task()
+    data["train_x"][:, :, :8] = 0  # a flat band of background on every image
+    args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "1",
+                              "--batch-size", "50", "--n-sens", "6", "--sigma", "3", "1", "--flat-patches", "0.01",
+                              "--sens-seed", "7"])
+    results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    model = vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
+    final = results.data["runs"]["mlp/seed0"]["final"]
+    assert list(final["sens_at"]) == ["patch:1", "patch:3", "flat:3", "object:3"]
+    again = vision.measure_sensitivity(model, vision.normalize(data["train_x"][:6]), patch=4, sigmas=[3],
+                                       masks=["flat"], seed=7, flat=0.01)
+    assert final["per_image"]["flat:3"] == [round(v, 6) for v in again["flat", 3].per_input.tolist()]
+    assert final["per_image"]["object:3"] == [round(v, 6) for v in again["object", 3].per_input.tolist()]
