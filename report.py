@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from common import paired_differences
-from runs import ArgumentParser, cli, load_results, new_run_dir, write_json
+from runs import ArgumentParser, cli, load_results, new_run_dir, run_name, write_json
 
 SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
 
@@ -356,17 +356,45 @@ def summary(data):
 # merging run folders
 
 
-def merge(folders):
+# flags that may differ between the folders of a merge: they change neither what is measured nor how
+FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_every", "progress_every", "save_model"}
+
+
+def differing_flags(loaded, vary=()):
+    """{flag: [value in each folder]} of the flags (args) on which the folders differ, but those in FREE and `vary`
+    (the flags a merge says it varies: the models of a one-process-per-model protocol, a data-size study's
+    --n-train). A flag absent from an older folder counts as off (None, False, empty) there."""
+    off = lambda v: v in (None, False, [], {})  # noqa: E731
+    keys = {k for d in loaded for k in d.get("args", {})} - FREE - {v.lstrip("-").replace("-", "_") for v in vary}
+    out = {}
+    for k in sorted(keys):
+        values = [d.get("args", {}).get(k) for d in loaded]
+        if any(v != values[0] and not (off(v) and off(values[0])) for v in values):
+            out[k] = values
+    return out
+
+
+def merge(folders, vary=()):
     """One metrics dict from several run folders of one script (seeds or models run as separate processes): their
     runs merged (a run in two folders is a ValueError), the first folder's args, the list of sources, and the
-    script's combined readouts. vision.py folders that differ in the number of training images become a data-scale
-    study: the paired differences at each size."""
+    script's combined readouts. Folders whose flags differ in more than FREE and `vary` are refused: their numbers
+    would be paired or averaged over different noise, sigmas or images. vision.py folders that differ in the number
+    of training images (vary n-train) become a data-scale study: the paired differences at each size."""
     loaded = [load_results(f) for f in folders]
     script = loaded[0].get("script")
     if any(d.get("script") != script for d in loaded):
         names = ", ".join(str(d.get("script")) for d in loaded)
         raise ValueError(f"the folders were written by different scripts ({names})")
+    known = {k for d in loaded for k in d.get("args", {})}
+    if unknown := [v for v in vary if v.lstrip("-").replace("-", "_") not in known]:
+        raise ValueError(f"--vary {' '.join(unknown)}: no such flag in the folders' arguments")
+    if differ := differing_flags(loaded, vary):
+        said = "; ".join(f"--{k.replace('_', '-')}: " + " / ".join(map(str, v)) for k, v in differ.items())
+        raise ValueError(f"the folders were run with different flags ({said}); merge only runs measured alike, or "
+                         f"name the flags a study varies with --vary {' '.join(differ).replace('_', '-')}")
     out = {"script": script, "sources": list(folders), "args": loaded[0].get("args", {}), "runs": {}}
+    if vary:  # what each folder had, since the merged args are the first folder's
+        out["varied"] = {v: [d["args"].get(v.lstrip("-").replace("-", "_")) for d in loaded] for v in vary}
     if all(d.get("data") == loaded[0].get("data") for d in loaded) and "data" in loaded[0]:
         out["data"] = loaded[0]["data"]  # the same data in every folder (not a data-scale study)
     by_size = {}  # vision.py's --n-train sizes; one group for the other scripts
@@ -702,7 +730,10 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     p.add_argument("folders", nargs="+", help="run folders (or their metrics.json) of one script")
     p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
-    p.add_argument("--run-name", type=str, default="combined", help="the merged run's folder name")
+    p.add_argument("--run-name", type=run_name, default="combined", help="the merged run's folder name")
+    p.add_argument("--vary", nargs="+", default=[], metavar="FLAG", help="flags the merged folders may differ in "
+                   "beyond --seeds, --threads, --device and the run's name: the models of a one-process-per-model "
+                   "protocol (model optimizer lr), a data-size study's n-train")
     args = p.parse_args(argv)
     for f in args.folders:
         if not os.path.exists(f):
@@ -719,7 +750,7 @@ def main(args):
         paths = draw(data, folder)
         print("wrote", *paths) if paths else print(f"{folder}: nothing to draw yet")
         return data
-    data = merge(args.folders)
+    data = merge(args.folders, args.vary)
     if data["script"] == "robustness":
         data["summary"] = robustness_summary(data)
     else:

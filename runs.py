@@ -516,11 +516,12 @@ class Progress:
     next evaluation and to the end. The loop calls tick() at the top of every iteration; the time of an iteration
     that evaluates, less one training step's, is an evaluation's. Once a few steps (and the evaluation before them)
     are timed, one line gives the estimated time of the run on this machine and, where that is over an hour on a
-    CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and at `total`."""
+    CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and at `total`. guess:
+    (seconds per step, seconds per evaluation) from a timed forward pass (time_forward), shown until measured."""
 
-    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True):
+    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True, guess=None):
         self.run, self.start, self.total, self.eval_every = str(run), start, total, eval_every
-        self.per_epoch, self.hint, self.cpu = per_epoch, hint, cpu
+        self.per_epoch, self.hint, self.cpu, self.guess = per_epoch, hint, cpu, guess
         self.steps, self.evals = [], []  # the durations of training iterations and of evaluations, in seconds
         self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
         self.done = threading.Event()
@@ -560,8 +561,14 @@ class Progress:
             f" (epoch {step / self.per_epoch:.1f})" if self.per_epoch else "")
         if evaluating:
             what = "final evaluation and measurements" if step == self.total else "evaluating"
-            return f"{where} | {what} for {duration(time.monotonic() - now)}" + (
-                f" | the last evaluation took {duration(self.eval_time())}" if len(self.evals) else "")
+            line = f"{where} | {what} for {duration(time.monotonic() - now)}"
+            if self.evals:
+                return line + f" | the last evaluation took {duration(self.eval_time())}"
+            if self.guess:  # nothing timed yet: the guess of a timed forward pass
+                left = (self.total - step) * self.guess[0] + self.evals_left(step) * self.guess[1]
+                return line + f" | about {duration(self.guess[1])} each, end in about {duration(left)} (guessed " \
+                    "from a timed forward pass)"
+            return line
         loss = f" | loss {self.loss.item():.4f}" if self.loss is not None else ""
         if not self.steps:
             return f"{where}{loss} | timing the first steps"
@@ -576,6 +583,17 @@ class Progress:
 
     def stop(self):
         self.done.set()
+
+
+@torch.no_grad()
+def time_forward(model, batch):
+    """Seconds per input of model(batch) in eval mode, the second of two calls (the first warms up); it draws no
+    random numbers, so training after it is unchanged. Progress's guess before any step is timed."""
+    model.eval()
+    model(batch)
+    t = time.perf_counter()
+    model(batch)
+    return (time.perf_counter() - t) / len(batch)
 
 
 def duration(seconds):

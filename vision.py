@@ -26,7 +26,7 @@ import report
 from common import gaussian, not_finite, patchify, predict, sensitivity, summarise, unpatchify
 from runs import (ArgumentParser, Run, add_run_flags, all_sum, checked, cli, for_training, fraction, nonnegative_float,
                   one_of, parse, per_name, positive_int, ranks, restore, seed, seed_all, setup, start_run, subset_size,
-                  torchvision_dataset)
+                  time_forward, torchvision_dataset)
 
 MODELS = ["vit", "vit-simple", "resnet18", "densenet121", "convmixer", "mlp", "mlp-sigmoid", "cnn"]
 # (channels, size, classes) and where torchvision looks for the files (the offline error message names them)
@@ -649,8 +649,11 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     fwd = for_training(model, device, compile_model=args.compile)  # DDP under torchrun, and/or compiled
     measured = model if world > 1 else fwd  # evaluation and sensitivity are sharded by hand, not through DDP
     head = (args.mask[0], args.sigma[0])  # the headline measurement, logged as "sens"
+    per_image = time_forward(measured, normalize(x[:64]))  # a guess of the time to the end until steps are timed
+    T, sigmas = (size // args.sens_patch) ** 2, len(args.sigma)  # forward passes: a step ~3x, an evaluation these
+    guess = 3 * args.batch_size * per_image, per_image * (len(x) + len(data["test_x"]) + len(sens_images) * T * sigmas)
     progress = results.progress(run, start, num_steps, args.eval_every * steps_per_epoch, per_epoch=steps_per_epoch,
-                                hint=CPU_SIZE)  # a line every --progress-every seconds, with the time to the end
+                                hint=CPU_SIZE, guess=guess)  # a line every --progress-every seconds, with an ETA
     t0, loss = time.time(), None
     for step in range(start, num_steps + 1):
         i = step % steps_per_epoch  # the step within its epoch

@@ -249,7 +249,11 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
     assert os.path.getmtime(os.path.join(a, "metrics.json")) == before
     assert "mlp - vit | patch:0.3" in capsys.readouterr().out
     small = vision_run(tmp_path, "n30", "--seeds", "0", "--n-train", "30")
-    scale = report.main(report.parse_args([a, small, "--out-dir", str(tmp_path), "--run-name", "scale"]))
+    with pytest.raises(ValueError, match=r"different flags \(--n-train: 60 / 30\).*--vary n-train"):
+        report.merge([a, small])
+    scale = report.main(report.parse_args([a, small, "--out-dir", str(tmp_path), "--run-name", "scale", "--vary",
+                                           "n-train"]))
+    assert scale["varied"] == {"n-train": [60, 30]}
     assert set(scale["data_scale"]) == {"30", "60"} and not scale["runs"]
     at = {n: scale["data_scale"][n]["models"]["mlp"]["diff"]["patch:3"]["per_seed"] for n in ["30", "60"]}
     assert at["60"] == {"seed0": d["per_seed"]["seed0"]} and at["30"].keys() == {"seed0"}
@@ -272,6 +276,21 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
         report.merge([a, b])
     with pytest.raises(ValueError, match="written by different scripts"):
         report.merge([a, c])
+    for flag, x, y in [("sigma", [0.1], [0.5]), ("sens_seed", 0, 1), ("n_sens", 500, 100), ("mask", ["patch"], None)]:
+        args = {"seeds": [0], "threads": 1, "sigma": [0.1], "sens_seed": 0, "n_sens": 500, "mask": ["patch"]}
+        f = folder(f"x-{flag}", {"script": "vision", "args": {**args, flag: x}, "runs": {"vit/seed0": run}})
+        g = folder(f"y-{flag}", {"script": "vision", "args": {**args, flag: y, "seeds": [1], "threads": 2,
+                                                             "device": "cuda", "run_name": "y"},
+                                 "runs": {"vit/seed1": run}})
+        dashed = flag.replace("_", "-")
+        with pytest.raises(ValueError, match=f"different flags \\(--{dashed}: {re.escape(f'{x} / {y}')}\\)"):
+            report.merge([f, g])
+        assert set(report.merge([f, g], vary=[dashed])["runs"]) == {"vit/seed0", "vit/seed1"}
+    old = folder("old", {"script": "vision", "args": args, "runs": {"vit/seed1": run}})  # before --flat-patches
+    new = folder("new", {"script": "vision", "args": {**args, "flat_patches": None}, "runs": {"vit/seed0": run}})
+    assert len(report.merge([old, new])["runs"]) == 2  # a flag absent from an older folder counts as off
+    with pytest.raises(ValueError, match="--vary sigmaa: no such flag"):
+        report.merge([old, new], vary=["sigmaa"])
     with pytest.raises(ValueError, match="no 'runs' mapping"):
         load_results(folder("d", {"script": "vision", "runs": [1, 2]}))
     with pytest.raises(ValueError, match="names no script of this repository"):
