@@ -525,6 +525,9 @@ class Progress:
         self.steps, self.evals = [], []  # the durations of training iterations and of evaluations, in seconds
         self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
         self.done = threading.Event()
+        if guess:  # at once, before the first (maybe long) evaluation
+            left = (total - start) * guess[0] + self.evals_left(start - 1) * guess[1]
+            self.tell(f"about {duration(left)} (guessed from a timed forward pass; timed after a few steps)", left)
         if every:
             threading.Thread(target=self._print_every, args=(every,), daemon=True).start()
 
@@ -536,12 +539,15 @@ class Progress:
         self.last, self.loss = (now, step, evaluating), loss
         if not self.told and len(self.steps) >= 3 and (self.evals or self.start % self.eval_every):
             self.told = True
-            total = self.seconds_left(step)
-            print(f"{self.run} | estimated time of this run on this machine: {duration(total)} ({self.total - step} "
-                  f"steps at {self.step_time() * 1e3:.0f} ms, {self.evals_left(step)} evaluations at "
-                  f"{duration(self.eval_time())}, then the final measurements)")
-            if self.hint and self.cpu and total > 3600:
-                print(f"{self.run} | over an hour on a CPU; {self.hint}")
+            left = self.seconds_left(step)
+            self.tell(f"{duration(left)} ({self.total - step} steps at {self.step_time() * 1e3:.0f} ms, "
+                      f"{self.evals_left(step)} evaluations at {duration(self.eval_time())}, then the final "
+                      "measurements)", left)
+
+    def tell(self, estimate, seconds):
+        print(f"{self.run} | estimated time of this run on this machine: {estimate}")
+        if self.hint and self.cpu and seconds > 3600:
+            print(f"{self.run} | over an hour on a CPU; {self.hint}")
 
     def step_time(self):
         return float(np.median(self.steps)) if self.steps else math.nan  # the median: robust to a warm-up step
