@@ -164,8 +164,8 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
     # a guess (seconds per step, per evaluation) is told at once: 1,000 steps and 21 evaluations (0 to 1,000 by 50)
     Progress("m/seed0", 0, 1000, 50, every=0, hint="try --small", guess=(3.0, 60.0))
     assert capsys.readouterr().out.splitlines() == [
-        "m/seed0 | estimated time of this run on this machine: about 71.0 min (guessed from a timed forward pass; timed "
-        "after a few steps)", "m/seed0 | over an hour on a CPU; try --small"]
+        "m/seed0 | estimated time of this run on this machine: about 71.0 min (guessed from a timed forward pass; "
+        "timed after a few steps)", "m/seed0 | over an hour on a CPU; try --small"]
 
 
 @pytest.mark.slow
