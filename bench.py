@@ -19,6 +19,10 @@
   alone, with the scripts' thread policy (one thread per process); shared_cpu_slowdown_default: the same with torch's
   default threads (torch_default_threads) in both processes; alone_default_speedup: the same run alone, torch's
   default threads / one thread (what the policy costs on an idle machine).
+- quickstart_s, quickstart_ratio: the README's quick start (`python synthetic.py`, one thread) in a process of its
+  own, in seconds, and divided by reference_s, a fixed small training run (training_workload) timed in the same
+  process, so that the machine's speed cancels: the README's quick-start time should be quickstart_ratio x
+  reference_s on any machine. With --n-inputs below 10 (a smoke test) the quick start runs 20 steps only.
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
@@ -337,6 +341,21 @@ def bench_shared_cpu(n, rounds):
     return out
 
 
+def bench_quickstart(n, rounds):
+    """quickstart_s: `python synthetic.py` (the README's quick start) timed in a fresh one-thread process (its
+    imports included, as a user waits for them); quickstart_ratio: over reference_s, one epoch of the fixed
+    training_workload(n) in this process, with the same thread policy; below n = 300 (a smoke test) 20 steps only."""
+    torch.set_num_threads(1)
+    reference = median([t[0] for t in timed_rounds([training_workload(n)], torch.device("cpu"), rounds)])
+    root = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as out:
+        argv = [sys.executable, "synthetic.py", "--out-dir", out] + (["--steps", "20"] if n < 300 else [])
+        t = time.perf_counter()
+        subprocess.run(argv, cwd=root, check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        quick = time.perf_counter() - t
+    return {"quickstart_s": quick, "reference_s": reference, "quickstart_ratio": quick / reference}
+
+
 def bench_corruptions(device, n=1000):
     """Images/s of the generated corruptions (corruptions.py): every one but frost (it needs Hendrycks' textures) at
     every severity on n 32x32x3 images."""
@@ -442,6 +461,7 @@ def run_all(args):
     results.update(bench_language(256 if cuda else max(2, n // 12), args.rounds, device))
     results.update(bench_corruptions(device, 10 * n))
     results.update(bench_shared_cpu(3 * n, args.rounds))
+    results.update(bench_quickstart(30 * n, args.rounds))
     set_threads(args.threads)
     results.update(bench_memory(device))
     for k, v in results.items():

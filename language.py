@@ -58,7 +58,8 @@ CPU_SIZE = ("the README's MRPC protocol measures fewer pairs (about 30 min per m
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("data")
-    g.add_argument("--task", type=str, default="mrpc", choices=list(COLUMNS), help="GLUE task")
+    g.add_argument("--task", type=str, default="mrpc", choices=[*COLUMNS, "fake"], help="GLUE task (fake: made-up "
+                   "pairs, offline, for smoke runs)")
     g.add_argument("--data-dir", type=str, default="data/glue", help="holds MRPC/ or QQP/ (SPLITS below)")
     g.add_argument("--split", type=str, default=None, choices=["paper", "glue"], help="MRPC: paper (the Microsoft "
                    "release's own 4,076 train / 1,725 test pairs, as the paper; the default) or glue (GLUE's 3,668 / "
@@ -111,7 +112,7 @@ def parse_args(argv=None):
     args = parse(p, "language", argv)
     if args.split is None:  # a folder written before --split existed ran on GLUE's split
         args.split = "glue" if args.resume or args.task == "qqp" else "paper"
-    if args.split not in SPLITS[args.task]:
+    if args.task != "fake" and args.split not in SPLITS[args.task]:
         p.error(f"--split {args.split}: {args.task.upper()} has {', '.join(SPLITS[args.task])}")
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
@@ -159,6 +160,18 @@ def download(task, data_dir):
                 raise ValueError(f"{path} line {i} has {len(fields)} tab-separated fields, expected 5")
             label, id1, id2, s1, s2 = fields
             (dv if (id1, id2) in dev_ids else tr).write(f"{label}\t{id1}\t{id2}\t{s1}\t{s2}\n")
+
+
+def fake_pairs(n, seed):
+    """--task fake: n made-up sentence pairs over 50 words, label 1 iff B starts with A's first word (learnable)."""
+    g = torch.Generator().manual_seed(seed)
+    words = lambda k: " ".join(f"w{int(i)}" for i in torch.randint(50, (k,), generator=g))  # noqa: E731
+    pairs = []
+    for y in torch.randint(2, (n,), generator=g).tolist():
+        a = words(int(torch.randint(3, 12, (1,), generator=g)))
+        first = a.split()[0] if y else f"w{(int(a.split()[0][1:]) + 1) % 50}"  # the same first word, or another
+        pairs.append((a, f"{first} {words(int(torch.randint(2, 10, (1,), generator=g)))}", y))
+    return pairs
 
 
 def read_tsv(path, task):
@@ -646,7 +659,8 @@ def main(args):
     if args.download:
         download(args.task, args.data_dir)
     folder_data = os.path.join(args.data_dir, args.task.upper())
-    train, test = (read_tsv(os.path.join(folder_data, f), args.task) for f in SPLITS[args.task][args.split])
+    train, test = (fake_pairs(n, seed) for n, seed in [(400, 0), (100, 1)]) if args.task == "fake" else \
+        (read_tsv(os.path.join(folder_data, f), args.task) for f in SPLITS[args.task][args.split])
     train = train[: subset_size("--n-train", args.n_train, len(train), f"{args.task.upper()} training pairs")]
     test = test[: subset_size("--n-test", args.n_test, len(test), f"{args.task.upper()} test pairs")]
     subset_size("--n-sens", args.n_sens, len(train), "training pairs (--n-train) to measure on")

@@ -80,6 +80,19 @@ def pm(mean, stderr, n=None):
 # readouts: crossover sigmas, matched train accuracy, grokking's phases
 
 
+def matched_accuracy(data):
+    """Per model and --match-acc level: the epoch and the sensitivities where train accuracy first reaches it
+    (at_train_accuracy), mean +- s.e. over the seeds that reach it (App. A.1: models compared at equal accuracy)."""
+    for name, records in models(data).items():
+        levels = [r["final"]["match_acc"] for r in records if r["final"].get("match_acc")]
+        for level in levels[0] if levels else []:
+            at = [m[level] for m in levels if m.get(level)]
+            if at:
+                print(f"{name} at train acc {level} ({len(at)} of {seeds(len(levels))}) | epoch "
+                      f"{mean_se([a['epoch'] for a in at], '.1f')} | " + " | ".join(
+                          f"{k.removeprefix('sens@')} {mean_se([a[k] for a in at])}" for k in at[0] if k != "epoch"))
+
+
 def crossovers(a, b):
     """Sigmas where two sensitivity curves {sigma: value} are level, interpolated on log sigma between the sigmas
     both measured; [] when one stays above the other."""
@@ -125,10 +138,14 @@ def end_point(history, until_acc=None, patience=None):
     return "training loss stopped falling" if patience is not None and since >= patience else None
 
 
+def first_epoch(history, cond):
+    """The epoch of the first evaluation where cond(row) holds; None if never."""
+    return next((h["epoch"] for h in history if cond(h)), None)
+
+
 def phases(history):
     """Epochs at which train accuracy first reaches 100% (memorised) and test accuracy first exceeds 95% (grokked)."""
-    first = lambda cond: next((h["epoch"] for h in history if cond(h)), None)
-    return first(lambda h: h["train_acc"] >= 1.0), first(lambda h: h["test_acc"] > 0.95)
+    return first_epoch(history, lambda h: h["train_acc"] >= 1.0), first_epoch(history, lambda h: h["test_acc"] > 0.95)
 
 
 def spearman(a, b):
@@ -303,6 +320,11 @@ def summary(data):
                 v = torch.tensor([f[key] for f in finals])
                 parts.append(f"{key} {v.mean():.3f}+-{v.std() if len(v) > 1 else 0:.3f}")
             print(f"{label} ({len(finals)} seeds) | " + " | ".join(parts))
+    elif script == "vision" and data.get("data_scale"):  # a data-size study: the paired differences at each size
+        for n, p in data["data_scale"].items():
+            for name, d in p["models"].items():
+                print(f"{n} images | {name} - {p['reference']} | " + " | ".join(
+                    f"{k} {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()))
     elif script == "vision" and data.get("paired"):
         p = data["paired"]
         for name, d in p["models"].items():
@@ -310,6 +332,7 @@ def summary(data):
             cross = {m: [f"{s:.3g}" for s in v] for m, v in d["crossover"].items() if v}
             parts += [f"level at sigma {cross}"] if cross else []
             print(f"{name} - {p['reference']} | " + " | ".join(parts))
+        matched_accuracy(data)
     elif script == "language":
         majority = data.get("data", {}).get("test_majority")
         for label, records in models(data).items():  # a model below the majority class has not generalised
@@ -350,6 +373,83 @@ def summary(data):
                       f"sensitivity {f['sens']:.4f}")
             elif f.get("sens") is not None:
                 print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}")
+
+
+# -----------------------------------------------------------------------------
+# the claims table: every row's numbers from the folders reproduce.sh merges them into
+
+
+def synthetic_claim(data):
+    """Per preset and setting: OOD accuracy 0 means the sparse feature was learned, 1 the frequent one; the claim
+    holds for a preset when every seed learned the feature whose candidate function is the less sensitive."""
+    summary(data)
+    held = []
+    for label, records in models(data).items():
+        finals = [r["final"] for r in records if r["final"]]
+        lower = "sparse" if label.startswith("sparse-lower") else "frequent"
+        held.append(all(round(f["ood_acc"]) == (lower == "frequent") and
+                        f[f"sens_{lower}_fn"] < f[f"sens_{'frequent' if lower == 'sparse' else 'sparse'}_fn"]
+                        for f in finals) and bool(finals))
+    print(f"the model learns the lower-sensitivity feature in every seed in {sum(held)} of {len(held)} settings")
+
+
+def grokking_claim(data):
+    """Per seed, the epochs where the sensitivity first falls to half its largest value, the weight norm to 0.9 of
+    its value at memorisation, test accuracy past 50% and past 95% (grokked)."""
+    for run, r in data["runs"].items():
+        h = r["history"]
+        if not h:
+            continue
+        memorised, grokked = phases(h)
+        peak = max(x["sens"] for x in h)
+        halved = first_epoch(h, lambda x, peak=peak: x["sens"] <= peak / 2)
+        norm = next((x["weight_norm"] for x in h if x["epoch"] == memorised), None)
+        shrunk = None if norm is None else first_epoch(
+            h, lambda x, norm=norm, at=memorised: x["epoch"] >= at and x["weight_norm"] <= 0.9 * norm)
+        half_acc = first_epoch(h, lambda x: x["test_acc"] > 0.5)
+        print(f"{run}: memorised at epoch {memorised}; sensitivity halves by {halved}; weight norm 10% below "
+              f"memorisation's by {shrunk}; test acc > 0.5 from {half_acc}, > 0.95 (grokked) from {grokked}")
+
+
+def robustness_claim(data):
+    """The summary per model, then Table 2's comparison: reg - vanilla paired by seed, mean +- s.e. over seeds."""
+    robustness_summary(data)
+    finals = {identity(run, r): r["final"] for run, r in data["runs"].items() if r["final"]}
+    for model in sorted({m for m, _ in finals if m.endswith("-reg")}):
+        base = model[:-4] + "-vanilla"
+        pairs = [(f, finals[base, s]) for (m, s), f in finals.items() if m == model and (base, s) in finals]
+        if pairs:
+            print(f"{model} - {base}, paired by seed | " + " | ".join(
+                f"{k} {pm(*over_seeds([a[k] - b[k] for a, b in pairs]), len(pairs))}"
+                for k in ["sens", "mean_corruption_acc", "shop", "shpred"] if all(a.get(k) is not None and
+                                                                              b.get(k) is not None for a, b in pairs)))
+
+
+# (row of reproduce.sh, its merged folder under the output folder, what prints the row's numbers)
+CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "synthetic/fig12", synthetic_claim),
+          ("vision3k", "vision/fmnist-3k", summary), ("converged", "vision/converged-3seeds", summary),
+          ("vitsize", "vision/vit-size-d8h32", summary), ("vitsize", "vision/vit-size-d4h4", summary),
+          ("datascale", "vision/fmnist-scale3", summary),
+          ("mnist01", "vision/mnist01", summary), ("fig4", "vision/cifar10-fig4", summary),
+          ("fig4", "vision/svhn-fig4", summary), ("parity", "parity/settings-3seeds", parity_summary),
+          ("grokking", "grokking/grokking-3seeds", grokking_claim),
+          ("mrpc", "language/mrpc-paper-3seeds", summary), ("mrpcglue", "language/mrpc-4models-3seeds", summary),
+          ("qqp", "language/qqp-3seeds", summary), ("robustness", "robustness/fmnist-rob", robustness_claim)]
+
+
+def claims(out_dir):
+    """Print the numbers of every claims-table row from the folders under out_dir (bash reproduce.sh's): one block
+    per row, headed by the row and the folder; a row whose folder is missing says so."""
+    for row, folder, show in CLAIMS:
+        path = os.path.join(out_dir, folder)
+        if not os.path.isfile(os.path.join(path, "metrics.json")):
+            print(f"[{row}] {path}: not run")
+            continue
+        data = load_results(path)
+        n = len({identity(run, r)[1] for run, r in data["runs"].items()})
+        k = len(data.get("sources", [path]))
+        print(f"[{row}] {path} (" + (f"{seeds(n)}, " if n else "") + f"{k} folder{'s' if k > 1 else ''})")
+        show(data)
 
 
 # -----------------------------------------------------------------------------
@@ -728,20 +828,26 @@ def draw(data, folder):
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
-    p.add_argument("folders", nargs="+", help="run folders (or their metrics.json) of one script")
+    p.add_argument("folders", nargs="*", help="run folders (or their metrics.json) of one script")
+    p.add_argument("--claims", type=str, default=None, metavar="OUT", help="print every claims-table row's numbers "
+                   "from the folders bash reproduce.sh wrote under OUT")
     p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=run_name, default="combined", help="the merged run's folder name")
     p.add_argument("--vary", nargs="+", default=[], metavar="FLAG", help="flags the merged folders may differ in "
                    "beyond --seeds, --threads, --device and the run's name: the models of a one-process-per-model "
                    "protocol (model optimizer lr), a data-size study's n-train")
     args = p.parse_args(argv)
-    for f in args.folders:
+    if bool(args.folders) == bool(args.claims):
+        p.error("give run folders, or --claims OUT")
+    for f in args.folders + ([args.claims] if args.claims else []):
         if not os.path.exists(f):
             p.error(f"{f}: no such run folder or metrics.json")
     return args
 
 
 def main(args):
+    if args.claims:
+        return claims(args.claims)
     if len(args.folders) == 1:  # redraw in place
         folder = args.folders[0]
         folder = os.path.dirname(folder) if os.path.isfile(folder) else folder

@@ -611,6 +611,10 @@ def duration(seconds):
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+# the flags that say what a run's numbers were measured under (noise, sigma, mask, noise seed, images): kept in each
+# run's record, since a merged folder's args are those of its first source
+MEASURED_UNDER = ["sigma", "mask", "sens_seed", "n_sens", "reps", "sens_positions", "sens_patch", "align",
+                  "flat_patches", "dataset", "task", "split", "data_seed", "n_train", "n_test"]
 DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
 
 
@@ -679,7 +683,10 @@ class Results:
         self.save()
 
     def final(self, run, values):
-        self._run(run)["final"].update(values)
+        record = self._run(run)
+        record["final"].update(values)
+        args = self.data["args"]  # what its numbers were measured under, kept beside them (a merge keeps it)
+        record["measured_under"] = {k: args[k] for k in MEASURED_UNDER if k in args}
         self.save()
         self.stop_progress()
 

@@ -21,13 +21,14 @@ from runs import Progress, Results, cli, duration, load_results, new_run_dir, wr
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
-    res = Results(str(tmp_path), "vision", {"lr": 0.1}, "cpu")
+    res = Results(str(tmp_path), "vision", {"lr": 0.1, "sigma": [0.1], "sens_seed": 3}, "cpu")
     res.log("vit/seed0", {"epoch": 0, "sens": 0.5})
     res.final("vit/seed0", {"sens": 0.4, "sens_stderr": 0.01})
     data = json.loads((tmp_path / "metrics.json").read_text())
-    assert data["args"] == {"lr": 0.1} and data["env"]["device"] == "cpu" and data["script"] == "vision"
+    assert data["args"]["lr"] == 0.1 and data["env"]["device"] == "cpu" and data["script"] == "vision"
     run = data["runs"]["vit/seed0"]
-    assert run == {"history": [{"epoch": 0, "sens": 0.5}], "final": {"sens": 0.4, "sens_stderr": 0.01}}
+    assert run == {"history": [{"epoch": 0, "sens": 0.5}], "final": {"sens": 0.4, "sens_stderr": 0.01},
+                   "measured_under": {"sigma": [0.1], "sens_seed": 3}}  # the measurement's flags, not lr
     assert os.listdir(tmp_path) == ["metrics.json"]  # no temp file left behind
     assert load_results(str(tmp_path))["runs"].keys() == {"vit/seed0"}
 
@@ -251,6 +252,9 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
     assert d["seeds"] == 2 and d == w and merged["runs"].keys() == whole["runs"].keys()
     out = tmp_path / "vision" / "m"
     assert load_results(str(out))["sources"] == [a, b] and (out / "sigma_sweep.png").stat().st_size > 5000
+    for r in merged["runs"].values():  # each run keeps what it was measured under, beside its numbers
+        assert r["measured_under"]["sigma"] == [0.3, 3] and r["measured_under"]["sens_seed"] == 0
+        assert r["measured_under"]["n_sens"] == 6 and r["measured_under"]["mask"] == ["patch"]
     assert os.path.getmtime(os.path.join(a, "metrics.json")) == before
     assert "mlp - vit | patch:0.3" in capsys.readouterr().out
     small = vision_run(tmp_path, "n30", "--seeds", "0", "--n-train", "30")
@@ -327,6 +331,21 @@ def test_pyproject_names_every_module():
     text = open(os.path.join(root, "pyproject.toml")).read()
     named = set(re.findall(r'"(\w+)"', text.split("py-modules = [", 1)[1].split("]", 1)[0]))
     assert named == {f[:-3] for f in os.listdir(root) if f.endswith(".py")}
+
+
+def test_matched_accuracy_table_over_seeds(capsys):
+    """Per model and level: the seeds that reach it, and the mean +- s.e. over them of the epoch and each
+    sensitivity; a seed that never reaches a level is left out of that level and counted."""
+    def run(model, seed, at):
+        return {"model": model, "seed": seed, "history": [], "final": {"match_acc": at}}
+
+    data = {"runs": {"vit/seed0": run("vit", 0, {"0.9": {"epoch": 10, "sens@patch:0.1": 0.1}, "0.99": None}),
+                     "vit/seed1": run("vit", 1, {"0.9": {"epoch": 20, "sens@patch:0.1": 0.3},
+                                                 "0.99": {"epoch": 40, "sens@patch:0.1": 0.2}})}}
+    report.matched_accuracy(data)
+    assert capsys.readouterr().out.splitlines() == [
+        "vit at train acc 0.9 (2 of 2 seeds) | epoch 15.0 +- 5.0 | patch:0.1 0.2000 +- 0.1000",
+        "vit at train acc 0.99 (1 of 2 seeds) | epoch 40.0 | patch:0.1 0.2000"]
 
 
 def test_run_identity_from_fields_and_from_older_names():

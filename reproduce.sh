@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Every row of the README's claims table in one command: the runs, the report.py merges, then the table's numbers.
+#
+#   bash reproduce.sh cpu   [--jobs N] [--only ROW,ROW] [--data DIR] [--out DIR]   # the README's scale, on CPUs
+#   bash reproduce.sh gpu   [--only ROW,ROW] [--data DIR] [--out DIR]              # the paper's scale, on one GPU
+#   bash reproduce.sh smoke [--out DIR]                                            # every row on fake data, minutes
+#   bash reproduce.sh --list [cpu|gpu|smoke]                                       # the rows and their CPU time
+#
+# A row runs its processes (one per seed and model group, --jobs at a time, one thread each), then merges them with
+# report.py into out/<script>/<row's name>. A run whose folder holds .done is skipped; one that was stopped (Ctrl-C,
+# SIGTERM, kill -9, a reboot) is resumed with --resume from its last checkpoint, so the reproduction can run in
+# pieces across days and ends with the numbers of an uninterrupted one. --data DIR holds the datasets as torchvision
+# and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/, train_32x32.mat
+# and test_32x32.mat (SVHN), glue/QQP/, CIFAR-10-C/, frost/ (the six frost textures) where present (gpu).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+scale=${1:-}
+shift || true
+jobs=$(nproc 2>/dev/null || echo 2)
+only="" data=data out=out list=""
+[ "$scale" = --list ] && { list=1; scale=${1:-cpu}; shift || true; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --jobs) jobs=$2; shift 2 ;;
+    --only) only=",$2,"; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "reproduce.sh: unknown argument $1 (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only ROW,ROW]" \
+            "[--data DIR] [--out DIR], or --list)" >&2; exit 2 ;;
+  esac
+done
+case $scale in cpu | gpu | smoke) ;; *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;; esac
+python=${PYTHON:-python}
+"$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
+  "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
+export OMP_NUM_THREADS=1  # one thread per process: torch's threads spin against the other runs on a small machine
+[ "$scale" = gpu ] && jobs=1  # one GPU: one run at a time
+
+# What each scale appends to a script's commands (argparse keeps a flag's last value): nothing at the README's scale;
+# at gpu the paper's sizes (the authors' ViT on all 60,000 Fashion-MNIST images); at smoke, fake data and models so
+# small that every row takes seconds.
+V="" F="" L="" P="" G="" S="" R="" big="10000 60000"
+if [ "$scale" = gpu ]; then
+  F="--n-train 60000 --n-test 10000 --depth 8 --heads 32 --dim-head 64"
+elif [ "$scale" = smoke ]; then
+  V="--dataset fake28 --n-train 60 --n-test 20 --n-sens 4 --steps 4 --eval-every 1 --batch-size 20 --depth 1 --heads 2
+     --dim-head 8 --dim 16 --mlp-dim 16 --mlp-hidden 16" F=$V big="30 40"
+  L="--task fake --n-sens 8 --sens-positions 4 --epochs 0.2 --eval-every 2 --depth 1 --dim 32 --heads 2 --mlp-dim 32"
+  P="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20 --depth 1"
+  G="--p 13 --epochs 20 --eval-every 10"
+  S="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20"
+  R="$V --epochs 1 --n-corrupt 10 --n-sharp 10 --severities 1 --corruptions contrast gaussian_noise"
+fi
+fmnist="--dataset fashionmnist --data-dir $data"
+
+# -----------------------------------------------------------------------------
+# the machinery: runs as background processes, at most $jobs at once; rows in turn
+
+pids=() dirs=() failed=()
+
+run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped when done, resumed when stopped
+  local name=$1 script=$2 folder="$out/${2%.py}/$1"
+  shift 2
+  [ -f "$folder/.done" ] && { echo "  $name: done before"; return; }
+  if alive "$name"; then  # left by a reproduce.sh that was killed: it may be writing its folder
+    echo "  $name: still running (pid $(cat "$out/logs/$name.pid")) from an earlier reproduce.sh; waiting for it"
+    while alive "$name"; do sleep 1; done  # then resumed below: a no-op if it finished
+  fi
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 1; done
+  if [ -f "$folder/metrics.json" ]; then
+    set -- --resume "$folder"
+    echo "  $name: resumed"
+  else
+    rm -rf "$folder"  # a start that died before its first write: nothing measured, nothing lost
+    set -- "$@" --out-dir "$out" --run-name "$name" --save-every "$(save_every "$script")"
+    echo "  $name: started"
+  fi
+  "$python" "$script" "$@" > "$out/logs/$name.log" 2>&1 &
+  echo $! > "$out/logs/$name.pid"
+  pids+=($!) dirs+=("$folder")
+}
+
+alive() {  # whether the run's process of an earlier reproduce.sh still runs (its pid, with its name in the command)
+  local pid
+  pid=$(cat "$out/logs/$1.pid" 2> /dev/null) && ps -p "$pid" -o args= 2> /dev/null | grep -qF -- "$1"
+}
+
+save_every() {  # a checkpoint every few minutes of a run (in its loop's unit), so that kill -9 loses little
+  [ "$scale" = smoke ] && { echo 2; return; }
+  case $1 in vision.py | robustness.py) echo 5 ;; grokking.py | parity.py) echo 1000 ;; *) echo 200 ;; esac
+}
+
+reap() {  # wait for the row's runs; a run that exits 0 is marked done
+  local i code
+  for i in "${!pids[@]}"; do
+    code=0
+    wait "${pids[$i]}" || code=$?
+    if [ $code -eq 0 ]; then
+      touch "${dirs[$i]}/.done"
+    else
+      echo "  $(basename "${dirs[$i]}"): FAILED (exit $code), see $out/logs/$(basename "${dirs[$i]}").log"
+      failed+=("$(basename "${dirs[$i]}")")
+    fi
+  done
+  pids=() dirs=()
+}
+
+merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged folder, made anew from its runs
+  local name=$1 script=$2
+  shift 2
+  reap
+  rm -rf "${out:?}/$script/$name"  # derived from the runs alone: recomputed every time
+  "$python" report.py "$@" --out-dir "$out" --run-name "$name" > "$out/logs/merge-$name.log" 2>&1 \
+    || { echo "  merge $name: FAILED, see $out/logs/merge-$name.log"; failed+=("merge-$name"); }
+}
+
+stop() {  # Ctrl-C or SIGTERM: every run gets SIGTERM, keeps its metrics and checkpoint, and is resumed next time
+  trap '' INT TERM
+  echo "reproduce.sh: stopping ${#pids[@]} run(s); run the same command again to go on" >&2
+  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  exit 130
+}
+trap stop INT TERM
+
+need() {  # need PATH WHAT: false, with one line, when a dataset is missing (the row is skipped)
+  [ -e "$data/$1" ] && return 0
+  echo "  skipped: needs $2 at $data/$1"
+  return 1
+}
+
+seeds="0 1 2"
+[ "$scale" = smoke ] && seeds="0 1"  # two: every merge still has a standard error over seeds
+per_seed() { local p s; for p in "$@"; do for s in $seeds; do echo "${p//%/$s}"; done; done; }  # % -> each seed
+ROWS=()
+row() { ROWS+=("$1|$2|$3"); }  # row ID CPU-MINUTES TITLE: in --list, and the order rows run in
+
+# -----------------------------------------------------------------------------
+# the rows, in the README's order; CPU minutes are on a 2-core machine, one thread per process
+
+row synthetic 1.5 "Sec. 4.1, Fig. 3: one attention layer learns the lower-sensitivity feature"
+do_synthetic() {
+  run cases synthetic.py $S
+}
+
+row fig12 7 "Fig. 12: the same in three more settings per case"
+do_fig12() {
+  for s in $seeds; do run fig12-seed$s synthetic.py --fig12 --seeds $s $S; done
+  merge fig12 synthetic $(per_seed "$out"/synthetic/fig12-seed%)
+}
+
+row vision3k 150 "Sec. 5: ViT vs MLPs and CNN on Fashion-MNIST, 900 SGD steps (3 seeds)"
+do_vision3k() {
+  for s in $seeds; do
+    run fmnist-3k-seed$s vision.py $fmnist --model vit vit-simple mlp mlp-sigmoid cnn --lr cnn=0.05 mlp-sigmoid=1.0 \
+      vit-simple=0.1 --n-train 3000 --epochs 30 --eval-every 5 --depth 4 --heads 4 --dim-head 16 --sigma 0.1 1 --sweep \
+      --mask patch scattered --match-acc 0.8 0.85 0.9 --n-sens 500 --seeds $s $F
+  done
+  merge fmnist-3k vision $(per_seed "$out"/vision/fmnist-3k-seed%)
+}
+
+row converged 135 "Sec. 5 and App. A.2: the same, every model to train accuracy 0.99 (3 seeds)"
+do_converged() {
+  local c="$fmnist --n-train 3000 --n-test 2000 --epochs 200 --eval-every 5 --until-acc 0.99 --patience 6 --depth 4
+    --heads 4 --dim-head 16 --sigma 0.1 1 --sweep --mask patch global scattered --match-acc 0.9 0.95 0.99 --n-sens 500"
+  for s in $seeds; do
+    run adam-seed$s vision.py $c --model vit cnn --optimizer adam --lr 1e-3 --seeds $s $F
+    run sgd-seed$s vision.py $c --model mlp mlp-sigmoid --seeds $s $F
+  done
+  merge converged-3seeds vision $(per_seed "$out"/vision/adam-seed% "$out"/vision/sgd-seed%) --vary model optimizer lr
+}
+
+row vitsize 25 "Sec. 5: the authors' ViT size against ours (1 seed)"
+do_vitsize() {
+  local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
+    --sweep --mask patch global --n-sens 100 --seeds 0"
+  run vit-d8h32 vision.py $c --model vit --depth 8 --heads 32 --dim-head 64 --optimizer adam --lr 1e-3 $V
+  run vit-d4h4 vision.py $c --model vit --depth 4 --heads 4 --dim-head 16 --optimizer adam --lr 1e-3 $V
+  run mlp vision.py $c --model mlp $V
+  merge vit-size-d8h32 vision "$out"/vision/{vit-d8h32,mlp} --vary model depth heads dim-head optimizer lr
+  merge vit-size-d4h4 vision "$out"/vision/{vit-d4h4,mlp} --vary model depth heads dim-head optimizer lr
+}
+
+row datascale 90 "Sec. 5: the same with 10,000 and 60,000 images (3 seeds per size; needs vision3k)"
+do_datascale() {
+  for n in $big; do for s in $seeds; do
+    run fmnist-$n-seed$s vision.py $fmnist --model vit mlp mlp-sigmoid cnn --lr cnn=0.05 mlp-sigmoid=1.0 --steps 900 \
+      --eval-every 100 --depth 4 --heads 4 --dim-head 16 --sigma 0.1 1 10 --n-sens 500 --seeds $s $V --n-train $n
+  done; done
+  merge fmnist-scale3 vision $(per_seed "$out"/vision/fmnist-3k-seed%) \
+    $(for n in $big; do per_seed "$out"/vision/fmnist-$n-seed%; done) \
+    --vary n-train steps epochs eval-every model lr sigma sweep mask match-acc
+}
+
+row mnist01 12 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
+do_mnist01() {
+  local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000 --epochs 10
+    --eval-every 2 --depth 4 --heads 4 --dim-head 16 --sigma 1 3 --sweep --mask patch scattered --match-acc 0.99
+    --n-sens 500"
+  [ "$scale" = gpu ] && c="$c --n-train 12665"  # every 0 and 1 of MNIST's training set
+  for s in $seeds; do run mnist01-seed$s vision.py $c --seeds $s $V; done
+  merge mnist01 vision $(per_seed "$out"/vision/mnist01-seed%)
+}
+
+row fig4 0 "Fig. 4: ViTs below ResNet, DenseNet, ConvMixer on CIFAR-10 and SVHN (gpu; 3 seeds)"
+do_fig4() {
+  [ "$scale" = cpu ] && { echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return; }
+  local models="vit vit-simple resnet18 densenet121 convmixer"
+  [ "$scale" = smoke ] && models="vit vit-simple"  # the CNNs' sweep takes minutes on a CPU, even this small
+  for set in cifar10 svhn; do
+    [ "$scale" = smoke ] || need "$([ $set = cifar10 ] && echo cifar-10-batches-py || echo train_32x32.mat)" \
+      "$set (torchvision's files)" || continue
+    for s in $seeds; do
+      run $set-fig4-seed$s vision.py --dataset $set --data-dir $data --model $models --sweep --seeds $s $V
+    done
+    merge $set-fig4 vision $(per_seed "$out"/vision/$set-fig4-seed%)
+  done
+}
+
+row parity 180 "App. A.6: sensitivity during the parity plateau, then k (5 settings x 3 seeds)"
+do_parity() {
+  for st in 1 3 4 5 6; do for s in $seeds; do run s$st-seed$s parity.py --setting $st --seeds $s $P; done; done
+  merge settings-3seeds parity $(for st in 1 3 4 5 6; do per_seed "$out"/parity/s$st-seed%; done) --vary setting
+}
+
+row grokking 79 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
+do_grokking() {
+  for s in $seeds; do run grok-seed$s grokking.py --seeds $s $G; done
+  merge grokking-3seeds grokking $(per_seed "$out"/grokking/grok-seed%)
+}
+
+row mrpc 350 "Sec. 6, App. A.4: RoBERTa, ReLU-RoBERTa, GPT-2 and the LSTM on MRPC, the paper's split (3 seeds)"
+do_mrpc() {
+  [ "$scale" = smoke ] || need glue/MRPC/msr_paraphrase_train.txt "GLUE MRPC (language.py --download)" || return 0
+  local c="--data-dir $data/glue --task mrpc --fused --epochs 10 --n-sens 300 --sens-positions 8 --eval-every 188
+    --sigma 3.872983346207417 2 --align right left"
+  for s in $seeds; do
+    run mrpc-roberta-softmax-seed$s language.py $c --model roberta --attn softmax --seeds $s $L
+    run mrpc-roberta-relu-seed$s language.py $c --model roberta --attn relu --seeds $s $L
+    run mrpc-lstm-seed$s language.py $c --model lstm --seeds $s $L
+    run mrpc-gpt2-softmax-seed$s language.py $c --model gpt2 --seeds $s $L
+  done
+  merge mrpc-paper-3seeds language $(for m in roberta-softmax roberta-relu lstm gpt2-softmax; do per_seed "$out"/language/mrpc-$m-seed%; done) \
+    --vary model attn
+}
+
+row mrpcglue 150 "Sec. 6: the same on GLUE's re-split of MRPC (3 seeds)"
+do_mrpcglue() {
+  [ "$scale" = smoke ] || need glue/MRPC/train.tsv "GLUE MRPC (language.py --download)" || return 0
+  local c="--data-dir $data/glue --task mrpc --split glue --fused --epochs 10 --n-sens 300 --sens-positions 8
+    --eval-every 188 --sigma 3.872983346207417 2 --align right left"
+  [ "$scale" = smoke ] && c="$c --split paper"  # the fake task has no splits
+  for s in $seeds; do
+    run mrpc-seed$s language.py $c --model roberta lstm --attn softmax relu --seeds $s $L
+    run mrpc-gpt2-seed$s language.py $c --model gpt2 --attn softmax --seeds $s $L
+  done
+  merge mrpc-4models-3seeds language $(per_seed "$out"/language/mrpc-seed% "$out"/language/mrpc-gpt2-seed%) \
+    --vary model attn
+}
+
+row qqp 0 "App. A.4: the same on QQP (gpu; 3 seeds)"
+do_qqp() {
+  [ "$scale" = cpu ] && { echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return; }
+  [ "$scale" = smoke ] || need glue/QQP/train.tsv "GLUE QQP (language.py --download --task qqp)" || return 0
+  for s in $seeds; do
+    run qqp-seed$s language.py --data-dir $data/glue --task qqp --model roberta gpt2 lstm --sigma 2 --seeds $s $L
+  done
+  merge qqp-3seeds language $(per_seed "$out"/language/qqp-seed%)
+}
+
+row robustness 66 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds)"
+do_robustness() {
+  local frost="" c
+  [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost, so no frost corruption"
+  c="$fmnist --model vit --n-train 3000 --eval-every 5 --depth 4 --heads 4 --dim-head 16 --patch-size 7 --sigma 1
+    --n-corrupt 2000 --n-sens 2000 $frost"
+  for s in $seeds; do
+    run rob-seed$s-va robustness.py $c --variants vanilla augment --epochs 20 --seeds $s $R
+    run rob-seed$s-reg robustness.py $c --variants reg --lr 0.2 --epochs 40 --seeds $s $R
+  done
+  merge fmnist-rob robustness $(per_seed "$out"/robustness/rob-seed%-va "$out"/robustness/rob-seed%-reg) --vary variants lr epochs
+}
+
+# -----------------------------------------------------------------------------
+# the reproduction: the rows asked for, in order, each with its start, end and wall time; then the claims
+
+if [ -n "$list" ]; then
+  total=0
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r id minutes title <<< "$r"
+    printf "%-11s %6s min   %s\n" "$id" "$minutes" "$title"
+    total=$(awk -v a="$total" -v b="$minutes" 'BEGIN { print a + b }')
+  done
+  echo "total: $total CPU-minutes at the cpu scale (one core; --jobs N divides the wall time by up to N)"
+  exit 0
+fi
+
+ids=",$(for r in "${ROWS[@]}"; do printf '%s,' "${r%%|*}"; done)"
+for id in ${only//,/ }; do
+  [[ $ids == *",$id,"* ]] || { echo "reproduce.sh: --only $id: no such row (bash reproduce.sh --list)" >&2; exit 2; }
+done
+mkdir -p "$out/logs"
+echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
+start=$(date +%s)
+for r in "${ROWS[@]}"; do
+  IFS='|' read -r id minutes title <<< "$r"
+  [ -n "$only" ] && [[ $only != *",$id,"* ]] && continue
+  t0=$(date +%s)
+  echo "[$id] $title | start $(date '+%T')"
+  "do_$id"
+  reap
+  echo "[$id] end $(date '+%T') | wall $(( $(date +%s) - t0 )) s"
+done
+echo "all rows: wall $(( $(date +%s) - start )) s"
+"$python" report.py --claims "$out" || failed+=("claims")
+[ ${#failed[@]} -eq 0 ] || { echo "reproduce.sh: failed: ${failed[*]} (their logs are in $out/logs)" >&2; exit 1; }

@@ -1,0 +1,120 @@
+"""reproduce.sh: every claims-table row at the smoke scale (fake data, seconds per run), with its merges and the
+claims report.py prints from them; --list and --only; a row whose data is missing is skipped with one line; and a
+rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
+ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mnist01", "fig4", "parity", "grokking",
+        "mrpc", "mrpcglue", "qqp", "robustness"]
+NUMBER = re.compile(r"[-+]?\d+\.\d+|nan")
+
+
+def reproduce(*args, **kw):
+    env = dict(os.environ, PYTHON=sys.executable)
+    return subprocess.Popen(["bash", os.path.join(ROOT, "reproduce.sh"), *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def finish(*args):
+    p = reproduce(*args)
+    out, _ = p.communicate(timeout=1200)
+    return p.returncode, out
+
+
+def claims(out, folder):
+    """The claims report.py printed at the end, the output folder written as OUT, as {row header: [lines]}."""
+    text = out.split("all rows: wall", 1)[1].split("\n", 1)[1].replace(str(folder), "OUT")
+    blocks, header = {}, None
+    for line in text.splitlines():
+        if line.startswith("["):
+            header = line
+            blocks[header] = []
+        elif header is not None and not line.startswith("reproduce.sh:"):
+            blocks[header].append(line)
+    return blocks
+
+
+def same_numbers(a, b):
+    """Two claims texts alike: the same words, and every number within 1e-3 (a float printed by another CPU)."""
+    if NUMBER.sub("#", a) != NUMBER.sub("#", b):
+        return False
+    return all(x == y or abs(float(x) - float(y)) <= 1e-3 for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("smoke")
+    code, out = finish("smoke", "--out", str(folder))
+    return folder, code, out
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_row_merges_and_prints_the_claims(smoke):
+    """bash reproduce.sh smoke: every row starts and ends with its wall time, every run and merge succeeds, and the
+    claims report.py prints are the stored expectation (tests/claims_smoke.txt; words equal, numbers within 1e-3)."""
+    folder, code, out = smoke
+    assert code == 0, out[-3000:]
+    for row in ROWS:
+        assert re.search(rf"^\[{row}\] .* \| start \d\d:\d\d:\d\d$", out, re.M), row
+        assert re.search(rf"^\[{row}\] end \d\d:\d\d:\d\d \| wall \d+ s$", out, re.M), row
+    assert "FAILED" not in out and "not run" not in out.split("all rows: wall", 1)[1]
+    got = "\n".join(f"{h}\n" + "\n".join(lines) for h, lines in claims(out, folder).items())
+    if os.environ.get("UPDATE_CLAIMS"):  # after a change that moves the smoke numbers on purpose
+        open(EXPECTED, "w").write(got + "\n")
+    assert same_numbers(got, open(EXPECTED).read().rstrip("\n")), got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_rerun_after_an_interruption_ends_with_the_same_numbers(smoke, tmp_path, how):
+    """reproduce.sh stopped in the middle of a row, by SIGTERM (what Ctrl-C does to it too) or by kill -9 of it and
+    all its runs (a crash, a reboot), then run again with the same command: it resumes what was stopped and prints
+    the claims of the uninterrupted smoke run for those rows."""
+    rows = "converged,parity"
+    p = reproduce("smoke", "--only", rows, "--out", str(tmp_path), start_new_session=True)
+    deadline = time.time() + 120
+    while not list((tmp_path / "vision").glob("*/checkpoint.pt")) and time.time() < deadline:
+        time.sleep(0.2)  # stop it once a run has written a checkpoint: in the middle of its training
+    if how == "sigterm":
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 130 and "run the same command again to go on" in out, out
+    else:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate(timeout=60)
+    assert not (tmp_path / "vision" / "adam-seed1" / ".done").exists()  # stopped before the row ended
+    code, out = finish("smoke", "--only", rows, "--out", str(tmp_path))
+    assert code == 0 and "resumed" in out, out[-3000:]
+    again = claims(out, tmp_path)
+    whole = claims(smoke[2], smoke[0])
+    for header in [h for h in again if h.startswith(("[converged]", "[parity]"))]:
+        assert same_numbers("\n".join(again[header]), "\n".join(whole[header])), (header, again[header])
+
+
+def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):
+    """--list: every row with its CPU minutes and the total; --only with a row that does not exist is refused."""
+    code, out = finish("--list")
+    assert code == 0
+    listed = [line.split()[0] for line in out.splitlines()[:-1]]
+    assert listed == ROWS and all(re.search(r"\d min", line) for line in out.splitlines()[:-1])
+    assert re.search(r"^total: [\d.]+ CPU-minutes", out.splitlines()[-1])
+    code, out = finish("smoke", "--only", "synthetic,nope", "--out", str(tmp_path))
+    assert code == 2 and "--only nope: no such row" in out
+
+
+def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
+    """At the gpu scale without the MRPC files: the row says which files to put where and is skipped; the claims
+    say it was not run; nothing fails."""
+    code, out = finish("gpu", "--only", "mrpc", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
+    assert code == 0, out
+    assert f"skipped: needs GLUE MRPC (language.py --download) at {tmp_path / 'none'}/glue/MRPC" in out
+    assert f"[mrpc] {tmp_path / 'o'}/language/mrpc-paper-3seeds: not run" in out
