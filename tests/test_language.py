@@ -410,3 +410,11 @@ def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
         first = start == 0  # a group that starts at the first token reads no cached key at all
         assert torch.allclose(model.forward_from(x[first], mask[idx[first]], start[first], cache, idx[first]),
                               full[first], atol=1e-5)
+
+
+def test_the_fake_task_is_learnable_pairs_made_offline():
+    """--task fake: made-up pairs whose label says whether B starts with A's first word, the same for a seed."""
+    pairs = language.fake_pairs(200, 0)
+    assert len(pairs) == 200 and pairs == language.fake_pairs(200, 0) and pairs != language.fake_pairs(200, 1)
+    assert all((a.split()[0] == b.split()[0]) == bool(y) for a, b, y in pairs)
+    assert 60 < sum(y for *_, y in pairs) < 140  # both labels
