@@ -194,7 +194,7 @@ def vision_paired(data):
         return {}
     out = paired(data, next((m for m in done if m.startswith("vit")), next(iter(done))))
     ref = done[out["reference"]]
-    masks = {mask_sigma(k)[0] for rs in done.values() for r in rs for k in r["final"]["sens_at"]}
+    masks = dict.fromkeys(mask_sigma(k)[0] for rs in done.values() for r in rs for k in r["final"]["sens_at"])
     for m, p in out["models"].items():
         p["crossover"] = {mask: crossovers(mean_curve(done[m], mask), mean_curve(ref, mask)) for mask in masks}
     return out
