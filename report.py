@@ -425,6 +425,17 @@ def robustness_claim(data):
                                                                               b.get(k) is not None for a, b in pairs)))
 
 
+def time_split(data):
+    """Where each run's time went (metrics.json's 'seconds', written since progress lines exist): minutes in
+    training steps, in the evaluations during training (accuracy and sensitivity), and in the final measurements
+    (the sweep, the other masks); their total."""
+    for run, r in data["runs"].items():
+        if "seconds" in r:
+            s = r["seconds"]
+            print(f"{run} | training {s['training'] / 60:.1f} min | evaluations {s['evaluations'] / 60:.1f} min | final "
+                  f"measurements {s['final'] / 60:.1f} min | total {sum(s.values()) / 60:.1f} min")
+
+
 # (row of reproduce.sh, its merged folder under the output folder, what prints the row's numbers)
 CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "synthetic/fig12", synthetic_claim),
           ("vision3k", "vision/fmnist-3k", summary), ("converged", "vision/converged-3seeds", summary),
@@ -831,6 +842,8 @@ def parse_args(argv=None):
     p.add_argument("folders", nargs="*", help="run folders (or their metrics.json) of one script")
     p.add_argument("--claims", type=str, default=None, metavar="OUT", help="print every claims-table row's numbers "
                    "from the folders bash reproduce.sh wrote under OUT")
+    p.add_argument("--times", action="store_true", help="print where each run's time went (training, evaluations, "
+                   "final measurements) instead of redrawing or merging")
     p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=run_name, default="combined", help="the merged run's folder name")
     p.add_argument("--vary", nargs="+", default=[], metavar="FLAG", help="flags the merged folders may differ in "
@@ -848,6 +861,10 @@ def parse_args(argv=None):
 def main(args):
     if args.claims:
         return claims(args.claims)
+    if args.times:
+        for folder in args.folders:
+            time_split(load_results(folder))
+        return None
     if len(args.folders) == 1:  # redraw in place
         folder = args.folders[0]
         folder = os.path.dirname(folder) if os.path.isfile(folder) else folder

@@ -587,6 +587,12 @@ class Progress:
             if self.last is not None:
                 print(self.line(), flush=True)
 
+    def seconds(self):
+        """{training, evaluations, final}: seconds in training steps, in evaluating iterations, and since the last
+        tick (the final measurements), in this invocation: what a protocol's time is spent on."""
+        final = time.monotonic() - self.last[0] if self.last else 0.0
+        return {"training": sum(self.steps), "evaluations": sum(self.evals), "final": final}
+
     def stop(self):
         self.done.set()
 
@@ -687,6 +693,8 @@ class Results:
         record["final"].update(values)
         args = self.data["args"]  # what its numbers were measured under, kept beside them (a merge keeps it)
         record["measured_under"] = {k: args[k] for k in MEASURED_UNDER if k in args}
+        if self.current is not None and self.current.run == str(run):  # where this invocation's time went
+            record["seconds"] = self.current.seconds()
         self.save()
         self.stop_progress()
 

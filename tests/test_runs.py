@@ -146,6 +146,9 @@ def test_progress_prints_on_a_timer_through_a_long_evaluation_and_slow_steps(mon
     assert re.search(r"loss \d+\.5000 \| 3\d ms/step", ticking[0]), ticking[0]
     estimate = [line for line in text if "estimated time of this run" in line]
     assert len(estimate) == 1 and "36 steps at 3" in estimate[0] and "2 evaluations at" in estimate[0]
+    spent = progress.seconds()  # 38 training steps of 30 ms; evaluations 0.6 + 0.1 s (the last one's tick ends it)
+    assert spent["training"] == pytest.approx(38 * 0.03, rel=0.3)
+    assert spent["evaluations"] == pytest.approx(0.7, rel=0.2) and spent["final"] == pytest.approx(0.1, abs=0.05)
 
 
 def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
@@ -331,6 +334,17 @@ def test_pyproject_names_every_module():
     text = open(os.path.join(root, "pyproject.toml")).read()
     named = set(re.findall(r'"(\w+)"', text.split("py-modules = [", 1)[1].split("]", 1)[0]))
     assert named == {f[:-3] for f in os.listdir(root) if f.endswith(".py")}
+
+
+def test_time_split_in_minutes(tmp_path, capsys):
+    """report.py --times: each run's training, evaluation and final-measurement minutes and their total; runs
+    written before the split are left out."""
+    runs = {"vit/seed0": {"history": [], "final": {}, "seconds": {"training": 60, "evaluations": 30, "final": 90}},
+            "mlp/seed0": {"history": [], "final": {}}}
+    write_json(str(tmp_path / "metrics.json"), {"script": "vision", "runs": runs})
+    report.main(report.parse_args([str(tmp_path), "--times"]))
+    assert capsys.readouterr().out == ("vit/seed0 | training 1.0 min | evaluations 0.5 min | final measurements 1.5 "
+                                       "min | total 3.0 min\n")
 
 
 def test_matched_accuracy_table_over_seeds(capsys):
