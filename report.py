@@ -432,8 +432,8 @@ def time_split(data):
     for run, r in data["runs"].items():
         if "seconds" in r:
             s = r["seconds"]
-            print(f"{run} | training {s['training'] / 60:.1f} min | evaluations {s['evaluations'] / 60:.1f} min | final "
-                  f"measurements {s['final'] / 60:.1f} min | total {sum(s.values()) / 60:.1f} min")
+            print(f"{run} | training {s['training'] / 60:.1f} min | evaluations {s['evaluations'] / 60:.1f} min | "
+                  f"final measurements {s['final'] / 60:.1f} min | total {sum(s.values()) / 60:.1f} min")
 
 
 # (row of reproduce.sh, its merged folder under the output folder, what prints the row's numbers)
