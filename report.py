@@ -440,7 +440,8 @@ def time_split(data):
 CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "synthetic/fig12", synthetic_claim),
           ("vision3k", "vision/fmnist-3k", summary), ("converged", "vision/converged-3seeds", summary),
           ("vitsize", "vision/vit-size-d8h32", summary), ("vitsize", "vision/vit-size-d4h4", summary),
-          ("datascale", "vision/fmnist-scale3", summary),
+          ("datascale", "vision/fmnist-scale3", summary), ("mechanism", "vision/mechanism", summary),
+          ("mechanism", "vision/mechanism-npn", summary), ("mechanism", "vision/paper-sgd", summary),
           ("mnist01", "vision/mnist01", summary), ("fig4", "vision/cifar10-fig4", summary),
           ("fig4", "vision/svhn-fig4", summary), ("parity", "parity/settings-3seeds", parity_summary),
           ("grokking", "grokking/grokking-3seeds", grokking_claim),
@@ -468,7 +469,8 @@ def claims(out_dir):
 
 
 # flags that may differ between the folders of a merge: they change neither what is measured nor how
-FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_every", "progress_every", "save_model"}
+FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_every", "progress_every", "save_model",
+        "data_dir"}  # (where the same dataset files are)
 
 
 def differing_flags(loaded, vary=()):

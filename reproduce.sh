@@ -193,6 +193,31 @@ do_datascale() {
     --vary n-train steps epochs eval-every model lr sigma sweep mask match-acc
 }
 
+row mechanism 450 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
+do_mechanism() {
+  local c="$fmnist --n-train 3000 --n-test 2000 --epochs 200 --eval-every 5 --until-acc 0.99 --patience 6 --depth 4
+    --heads 4 --dim-head 16 --sigma 0.1 1 --sweep --mask patch global scattered --match-acc 0.9 0.95 0.99 --n-sens 500
+    --flat-patches 0.01" adam="--optimizer adam --lr 1e-3"
+  for s in $seeds; do
+    run abl-vit-seed$s vision.py $c --model vit $adam --seeds $s $F
+    run abl-mlp-seed$s vision.py $c --model mlp --seeds $s $F
+    run abl-vit-npn-seed$s vision.py $c --model vit --no-patch-norm $adam --seeds $s $F
+    run abl-mlp-pn-seed$s vision.py $c --model mlp --input-patch-norm --seeds $s $F
+    run abl-vit-nbn-seed$s vision.py $c --model vit --no-block-norm $adam --seeds $s $F
+    run abl-cnn-seed$s vision.py $c --model cnn $adam --seeds $s $F
+    run abl-cnn-pn-seed$s vision.py $c --model cnn --input-patch-norm $adam --seeds $s $F
+    run abl-vits-seed$s vision.py $c --model vit-simple $adam --seeds $s $F
+  done
+  for m in vit cnn; do  # the paper's SGD (ViT 0.1, CNN 0.005, constant, no momentum) until train accuracy 0.99
+    run sgd-$m-seed0 vision.py $c --model $m --epochs 1000 --seeds 0 $F
+  done
+  local vary="--vary model optimizer lr no-patch-norm no-block-norm input-patch-norm"
+  merge mechanism vision $(per_seed "$out"/vision/abl-{vit,vit-npn,vit-nbn,vits,mlp,mlp-pn,cnn,cnn-pn}-seed%) $vary
+  merge mechanism-npn vision $(per_seed "$out"/vision/abl-{vit-npn,mlp,mlp-pn,cnn,cnn-pn}-seed%) $vary
+  merge paper-sgd vision "$out"/vision/sgd-{vit,cnn}-seed0 $(per_seed "$out"/vision/abl-mlp-seed%) --vary model epochs \
+    patience
+}
+
 row mnist01 12 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
 do_mnist01() {
   local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000 --epochs 10

@@ -550,7 +550,7 @@ def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, po
         if "flat" in masks:  # where the flips are: on the background (flat patches) or on the object
             is_flat = tokens.std(-1) < flat  # (N, T)
             both = is_flat.any(1) & ~is_flat.all(1)
-            for name, where in [("flat", is_flat[both]), ("object", ~is_flat[both])]:
+            for name, where in [("flat", is_flat[both]), ("object", ~is_flat[both])] if both.any() else []:
                 out[name, sigma] = sensitivity(f, tokens[both], gaussian(sigma), mask=where, reps=reps, seed=seed)
         if "scattered" in masks:  # the authors' released estimator, the same number of evaluations
             out["scattered", sigma] = scattered_sensitivity(model, images, patch, sigma, T * reps, seed)

@@ -13,8 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
-ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mnist01", "fig4", "parity", "grokking",
-        "mrpc", "mrpcglue", "qqp", "robustness"]
+ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mechanism", "mnist01", "fig4", "parity",
+        "grokking", "mrpc", "mrpcglue", "qqp", "robustness"]
 NUMBER = re.compile(r"[-+]?\d+\.\d+|nan")
 
 

@@ -274,6 +274,9 @@ def test_flat_and_object_patches_are_measured_apart():
                                       seed=0, flat=0.01)
     assert sens["flat", 0.1].mean == 1 and sens["object", 0.1].mean == 0 and len(sens["flat", 0.1].per_input) == 8
     assert sens["patch", 0.1].per_input[:8].tolist() == [0.5] * 8
+    none = vision.measure_sensitivity(ReadsTheBackground(), images[8:], patch=4, sigmas=[0.1], masks=["flat"], seed=0,
+                                      flat=0.01)
+    assert none == {}  # no image with both kinds of patch: nothing to measure, no error
 
 
 # -----------------------------------------------------------------------------
