@@ -32,8 +32,6 @@ while [ $# -gt 0 ]; do
 done
 case $scale in cpu | gpu | smoke) ;; *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;; esac
 python=${PYTHON:-python}
-"$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
-  "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 export OMP_NUM_THREADS=1  # one thread per process: torch's threads spin against the other runs on a small machine
 [ "$scale" = gpu ] && jobs=1  # one GPU: one run at a time
 
@@ -325,6 +323,8 @@ ids=",$(for r in "${ROWS[@]}"; do printf '%s,' "${r%%|*}"; done)"
 for id in ${only//,/ }; do
   [[ $ids == *",$id,"* ]] || { echo "reproduce.sh: --only $id: no such row (bash reproduce.sh --list)" >&2; exit 2; }
 done
+"$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
+  "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 mkdir -p "$out/logs"
 echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
 start=$(date +%s)
