@@ -4,7 +4,7 @@
 #   bash reproduce.sh cpu   [--jobs N] [--only ROW,ROW] [--data DIR] [--out DIR]   # the README's scale, on CPUs
 #   bash reproduce.sh gpu   [--only ROW,ROW] [--data DIR] [--out DIR]              # the paper's scale, on one GPU
 #   bash reproduce.sh smoke [--out DIR]                                            # every row on fake data, minutes
-#   bash reproduce.sh --list [cpu|gpu|smoke]                                       # the rows and their CPU time
+#   bash reproduce.sh --list                                                       # the rows and their CPU time
 #
 # A row runs its processes (one per seed and model group, --jobs at a time, one thread each), then merges them with
 # report.py into out/<script>/<row's name>. A run whose folder holds .done is skipped; one that was stopped (Ctrl-C,
@@ -17,9 +17,8 @@ cd "$(dirname "$0")"
 
 scale=${1:-}
 shift || true
-jobs=$(nproc 2>/dev/null || echo 2)
-only="" data=data out=out list=""
-[ "$scale" = --list ] && { list=1; scale=${1:-cpu}; shift || true; }
+jobs="" only="" data=data out=out list=""
+[ "$scale" = --list ] && { list=1; scale=cpu; }
 while [ $# -gt 0 ]; do
   case $1 in
     --jobs) jobs=$2; shift 2 ;;
@@ -31,9 +30,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $scale in cpu | gpu | smoke) ;; *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;; esac
+[ "$scale" = gpu ] && jobs=${jobs:-1}  # one GPU: one run at a time, unless --jobs says otherwise
+jobs=${jobs:-$(nproc 2> /dev/null || echo 2)}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "reproduce.sh: --jobs must be an integer >= 1, got $jobs" >&2; exit 2; }
 python=${PYTHON:-python}
 export OMP_NUM_THREADS=1  # one thread per process: torch's threads spin against the other runs on a small machine
-[ "$scale" = gpu ] && jobs=1  # one GPU: one run at a time
 
 # What each scale appends to a script's commands (argparse keeps a flag's last value): nothing at the README's scale;
 # at gpu the paper's sizes (the authors' ViT on all 60,000 Fashion-MNIST images); at smoke, fake data and models so
@@ -116,7 +117,7 @@ merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged fold
 stop() {  # Ctrl-C or SIGTERM: every run gets SIGTERM, keeps its metrics and checkpoint, and is resumed next time
   trap '' INT TERM
   echo "reproduce.sh: stopping ${#pids[@]} run(s); run the same command again to go on" >&2
-  [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
+  [ ${#pids[@]} -eq 0 ] || kill -TERM "${pids[@]}" 2> /dev/null || true  # some may have ended
   wait
   exit 130
 }
