@@ -303,6 +303,11 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
     assert len(report.merge([old, new])["runs"]) == 2  # a flag absent from an older folder counts as off
     with pytest.raises(ValueError, match="--vary sigmaa: no such flag"):
         report.merge([old, new], vary=["sigmaa"])
+    with pytest.raises(SystemExit) as e:  # the merged folder stays inside --out-dir, as the scripts' run folders
+        report.parse_args([a, b, "--run-name", "../../x"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        report.parse_args(["--claims", str(tmp_path), a])  # run folders or --claims, not both
     with pytest.raises(ValueError, match="no 'runs' mapping"):
         load_results(folder("d", {"script": "vision", "runs": [1, 2]}))
     with pytest.raises(ValueError, match="names no script of this repository"):
