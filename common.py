@@ -6,12 +6,11 @@ Sensitivity (Def. 4.1, Eq. 2 of Vasudeva et al., ICLR 2025) of a classifier f on
 
 For +-1 bits with perturb = flip() this is the Boolean average sensitivity of Eq. 1 divided by n. The estimator never
 materialises the N*T*reps perturbed copies: it builds `batch_size` of them at a time on the device and counts their
-flips there, so memory is one chunk and the loop never waits for the host. It needs torch alone; from another folder,
-put this repository on the path (PYTHONPATH=/path/to/repo python mine.py):
+flips there, so memory is one chunk and the loop never waits for the host. It needs torch alone (from another folder:
+pip install -e /path/to/repo, or PYTHONPATH=/path/to/repo):
 
     s = sensitivity(lambda xb, idx: model(unpatchify(xb, 4, images.shape[1:])), patchify(images, 4), gaussian(0.1))
-    print(f"{s.mean:.4f} +- {s.stderr:.4f}")
-"""
+    print(f"{s.mean:.4f} +- {s.stderr:.4f}")"""
 
 import math
 import numbers
@@ -155,8 +154,7 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     if x.ndim != 3 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"x must be a non-empty (N, T, D) tensor, got shape {tuple(x.shape)}")
     N, T, D = x.shape
-    if mask is None:
-        mask = torch.ones(N, T, dtype=torch.bool, device=x.device)
+    mask = torch.ones(N, T, dtype=torch.bool, device=x.device) if mask is None else mask
     if mask.shape != (N, T):
         raise ValueError(f"mask must have shape (N, T) = {(N, T)} to match x, got {tuple(mask.shape)}")
     mask = mask.to(x.device, torch.bool)
@@ -169,8 +167,7 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).flatten(1).any(1).sum())
         raise ValueError(f"x holds non-finite values in {bad} of its {N} inputs")
-    if seed is None:
-        seed = int(torch.randint(2**62, (1,)))
+    seed = int(torch.randint(2**62, (1,))) if seed is None else seed  # None: from torch's global generator
     gen = torch.Generator(x.device)
     call = (lambda xb, n, t: f(xb, n, t)) if tell_position else (lambda xb, n, t: f(xb, n))  # f's two signatures
 
@@ -179,12 +176,12 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
         clean, bad_clean = [], torch.zeros((), dtype=torch.long, device=x.device)
         for i in range(0, N, batch_size):
             n = torch.arange(i, min(i + batch_size, N), device=x.device)
-            out = f(x[i:i + batch_size], n, None) if tell_position else f(x[i:i + batch_size], n)
+            out = call(x[i:i + batch_size], n, None)
             clean.append(predict(out, len(n)))
             bad_clean += not_finite(out)
         clean = torch.cat(clean)
         n = torch.arange(min(batch_size, N), device=x.device)  # the first chunk again: does f give the same answer?
-        again = predict(f(x[:len(n)], n, None) if tell_position else f(x[:len(n)], n), len(n))
+        again = predict(call(x[:len(n)], n, None), len(n))
         if (again != clean[:len(n)]).sum() > max(1, len(n) // 100):  # a rare near-tie may flip on a GPU, dropout not
             raise ValueError("f gives different predictions for the same inputs: a model in train mode (dropout)? "
                              "Call model.eval() first; its flips would count as sensitivity")
