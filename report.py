@@ -473,12 +473,17 @@ FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_eve
         "data_dir"}  # (where the same dataset files are)
 
 
+def flag_key(flag):
+    """'--n-train' or 'n-train' -> 'n_train', the flag's key in a metrics.json's args."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def differing_flags(loaded, vary=()):
     """{flag: [value in each folder]} of the flags (args) on which the folders differ, but those in FREE and `vary`
     (the flags a merge says it varies: the models of a one-process-per-model protocol, a data-size study's
     --n-train). A flag absent from an older folder counts as off (None, False, empty) there."""
     off = lambda v: v in (None, False, [], {})  # noqa: E731
-    keys = {k for d in loaded for k in d.get("args", {})} - FREE - {v.lstrip("-").replace("-", "_") for v in vary}
+    keys = {k for d in loaded for k in d.get("args", {})} - FREE - {flag_key(v) for v in vary}
     out = {}
     for k in sorted(keys):
         values = [d.get("args", {}).get(k) for d in loaded]
@@ -499,7 +504,7 @@ def merge(folders, vary=()):
         names = ", ".join(str(d.get("script")) for d in loaded)
         raise ValueError(f"the folders were written by different scripts ({names})")
     known = {k for d in loaded for k in d.get("args", {})}
-    if unknown := [v for v in vary if v.lstrip("-").replace("-", "_") not in known]:
+    if unknown := [v for v in vary if flag_key(v) not in known]:
         raise ValueError(f"--vary {' '.join(unknown)}: no such flag in the folders' arguments")
     if differ := differing_flags(loaded, vary):
         said = "; ".join(f"--{k.replace('_', '-')}: " + " / ".join(map(str, v)) for k, v in differ.items())
@@ -507,7 +512,7 @@ def merge(folders, vary=()):
                          f"name the flags a study varies with --vary {' '.join(differ).replace('_', '-')}")
     out = {"script": script, "sources": list(folders), "args": loaded[0].get("args", {}), "runs": {}}
     if vary:  # what each folder had, since the merged args are the first folder's
-        out["varied"] = {v: [d["args"].get(v.lstrip("-").replace("-", "_")) for d in loaded] for v in vary}
+        out["varied"] = {v: [d["args"].get(flag_key(v)) for d in loaded] for v in vary}
     if all(d.get("data") == loaded[0].get("data") for d in loaded) and "data" in loaded[0]:
         out["data"] = loaded[0]["data"]  # the same data in every folder (not a data-scale study)
     by_size = {}  # vision.py's --n-train sizes; one group for the other scripts

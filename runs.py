@@ -104,7 +104,8 @@ def add_run_flags(p, *, unit, default_name, device="auto"):
     g.add_argument("--save-every", type=nonnegative_int, default=0, help=f"write the training state to "
                    f"<run>/checkpoint.pt every this many {unit} (0: only when the run is stopped)")
     g.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
-                   "checkpoint.pt, with the flags it was started with (only --threads and --device may be given)")
+                   "checkpoint.pt, with the flags it was started with (only --threads, --device and --progress-every "
+                   "may be given)")
     g.add_argument("--progress-every", type=nonnegative_float, default=20, help="seconds between the progress lines "
                    "printed during training, whatever the evaluation schedule (0: none)")
     return g
@@ -526,7 +527,7 @@ class Progress:
         self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
         self.done = threading.Event()
         if guess:  # at once, before the first (maybe long) evaluation
-            left = (total - start) * guess[0] + self.evals_left(start - 1) * guess[1]
+            left = self.guessed_left(start)
             self.tell(f"about {duration(left)} (guessed from a timed forward pass; timed after a few steps)", left)
         if every:
             threading.Thread(target=self._print_every, args=(every,), daemon=True).start()
@@ -561,6 +562,9 @@ class Progress:
     def seconds_left(self, step):
         return (self.total - step) * self.step_time() + self.evals_left(step) * self.eval_time()
 
+    def guessed_left(self, step):  # by the guess, from the top of `step` (its evaluation included)
+        return (self.total - step) * self.guess[0] + self.evals_left(step - 1) * self.guess[1]
+
     def line(self):
         now, step, evaluating = self.last
         where = f"{self.run} | step {step}/{self.total}" + (
@@ -571,9 +575,8 @@ class Progress:
             if self.evals:
                 return line + f" | the last evaluation took {duration(self.eval_time())}"
             if self.guess:  # nothing timed yet: the guess of a timed forward pass
-                left = (self.total - step) * self.guess[0] + self.evals_left(step) * self.guess[1]
-                return line + f" | about {duration(self.guess[1])} each, end in about {duration(left)} (guessed " \
-                    "from a timed forward pass)"
+                return line + f" | about {duration(self.guess[1])} each, end in about " \
+                    f"{duration(self.guessed_left(step))} (guessed from a timed forward pass)"
             return line
         loss = f" | loss {self.loss.item():.4f}" if self.loss is not None else ""
         if not self.steps:
