@@ -518,11 +518,13 @@ class Progress:
     that evaluates, less one training step's, is an evaluation's. Once a few steps (and the evaluation before them)
     are timed, one line gives the estimated time of the run on this machine and, where that is over an hour on a
     CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and at `total`. guess:
-    (seconds per step, seconds per evaluation) from a timed forward pass (time_forward), shown until measured."""
+    (seconds per step, seconds per evaluation) from a timed forward pass (time_forward), shown until measured.
+    early: the run may stop before `total` (--until-acc, --patience), so the estimate is an upper bound."""
 
-    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True, guess=None):
+    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True, guess=None,
+                 early=False):
         self.run, self.start, self.total, self.eval_every = str(run), start, total, eval_every
-        self.per_epoch, self.hint, self.cpu, self.guess = per_epoch, hint, cpu, guess
+        self.per_epoch, self.hint, self.cpu, self.guess, self.early = per_epoch, hint, cpu, guess, early
         self.steps, self.evals = [], []  # the durations of training iterations and of evaluations, in seconds
         self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
         self.done = threading.Event()
@@ -546,7 +548,7 @@ class Progress:
                       "measurements)", left)
 
     def tell(self, estimate, seconds):
-        print(f"{self.run} | estimated time of this run on this machine: {estimate}")
+        print(f"{self.run} | estimated time of this run on this machine: {'at most ' if self.early else ''}{estimate}")
         if self.hint and self.cpu and seconds > 3600:
             print(f"{self.run} | over an hour on a CPU; {self.hint}")
 

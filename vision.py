@@ -653,7 +653,7 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     T, sigmas = (size // args.sens_patch) ** 2, len(args.sigma)  # forward passes: a step ~3x, an evaluation these
     guess = 3 * args.batch_size * per_image, per_image * (len(x) + len(data["test_x"]) + len(sens_images) * T * sigmas)
     progress = results.progress(run, start, num_steps, args.eval_every * steps_per_epoch, per_epoch=steps_per_epoch,
-                                hint=CPU_SIZE, guess=guess)  # a line every --progress-every seconds, with an ETA
+                                hint=CPU_SIZE, guess=guess, early=bool(args.until_acc or args.patience))  # an ETA
     t0, loss = time.time(), None
     for step in range(start, num_steps + 1):
         i = step % steps_per_epoch  # the step within its epoch

@@ -170,6 +170,8 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "m/seed0 | estimated time of this run on this machine: about 71.0 min (guessed from a timed forward pass; "
         "timed after a few steps)", "m/seed0 | over an hour on a CPU; try --small"]
+    Progress("m/seed0", 0, 1000, 50, every=0, guess=(3.0, 60.0), early=True)  # --until-acc may stop it sooner
+    assert "this machine: at most about 71.0 min" in capsys.readouterr().out
 
 
 @pytest.mark.slow
