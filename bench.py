@@ -12,6 +12,10 @@
   states before the perturbed token) / recomputing every copy from its start, on MRPC-length pairs; same answer.
   Every position of each pair (language.py's default), and _sampled: 8 sampled positions per pair (--sens-positions
   8, as the README's MRPC runs).
+- est_bucket_speedup_roberta: RoBERTa's sensitivity with its copies in groups of similar length, each cut to its
+  longest / every copy padded to the longest pair, 8 sampled positions per pair as the MRPC runs; same answer.
+  eval_sorted_speedup_roberta: language.evaluate (pairs sorted by length, each batch of 256 trimmed to its longest)
+  / the same batches in the pairs' own order; same accuracy.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - corruption_images_per_s: images/s of the generated corruptions (corruptions.py: all but frost, severities
   1-5), absolute.
@@ -280,6 +284,21 @@ def bench_language(n, rounds, device):
 
             times = timed_rounds([lambda: measure(True), lambda: measure(False)], device, rounds)
             out[f"est_prefix_speedup_{name}{suffix}"] = median([t[1] / t[0] for t in times])
+    def measure(buckets):
+        language.measure_sensitivity(roberta, sampled, sigma=2.0, reps=1, positions=8, align="right", seed=0,
+                                     buckets=buckets)
+
+    times = timed_rounds([lambda: measure(True), lambda: measure(False)], device, rounds)
+    out["est_bucket_speedup_roberta"] = median([t[1] / t[0] for t in times])
+    labels = torch.zeros(len(sampled), dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def unsorted():  # evaluate's batches before the sort: the pairs in their own order
+        for idx in torch.arange(len(sampled), device=device).split(256):
+            F.cross_entropy(roberta(language.trim(sampled[idx])), labels[idx])
+
+    times = timed_rounds([lambda: language.evaluate(roberta, sampled, labels), unsorted], device, rounds)
+    out["eval_sorted_speedup_roberta"] = median([t[1] / t[0] for t in times])
     lstm = language.build_model("lstm", None, 1000, small).to(device).train()
     batch = tokens[torch.arange(32, device=device) % len(tokens)]  # a training batch of 32 pairs
 

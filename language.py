@@ -499,7 +499,9 @@ def evaluate(model, tokens, labels, batch_size=256):
     rank, world = ranks()
     loss = correct = 0.0
     counts = torch.zeros(2, dtype=torch.long, device=tokens.device)  # predictions of each class
-    for idx in torch.arange(len(tokens), device=tokens.device).tensor_split(world)[rank].split(batch_size):
+    mine = torch.arange(len(tokens), device=tokens.device).tensor_split(world)[rank]
+    mine = mine[torch.argsort((tokens[mine] != PAD).sum(1))]  # by length: each batch trimmed to its own longest
+    for idx in mine.split(batch_size):
         out = model(trim(tokens[idx]))
         loss += F.cross_entropy(out, labels[idx], reduction="sum").item()
         correct += (out.argmax(1) == labels[idx]).sum().item()
@@ -509,9 +511,9 @@ def evaluate(model, tokens, labels, batch_size=256):
 
 
 def by_length(run, length, slack=SLACK):
-    """run(rows) on groups of rows of similar length, the outputs put back in row order. forward_from pads a batch to
-    its longest suffix, so a chunk's copies run in groups whose shortest suffix is at least `slack` times their
-    longest: a copy perturbed near the end no longer pays for one perturbed near the start."""
+    """run(rows) on groups of rows of similar length, the outputs put back in row order. A batch is padded to its
+    longest row (forward_from: its longest suffix), so a chunk's copies run in groups whose shortest row is at least
+    `slack` times their longest: a short pair (or a copy perturbed near the end) no longer pays for a long one."""
     order = torch.argsort(length, descending=True)  # longest suffix first
     sizes, first, outs = length[order].tolist(), 0, []
     for i in range(1, len(sizes) + 1):
@@ -522,12 +524,13 @@ def by_length(run, length, slack=SLACK):
 
 
 @torch.no_grad()
-def measure_sensitivity(model, tokens, *, sigma, reps, positions, align, seed, prefix_cache=True):
+def measure_sensitivity(model, tokens, *, sigma, reps, positions, align, seed, prefix_cache=True, buckets=True):
     """Noise on one layer-normalised token embedding at a time, padding never. With align='right' the estimator sees
     each sequence shifted to end at the last column, so its per-position profile counts from the end. For the causal
     models (LSTM, GPT-2) a copy perturbed at position t reuses the clean states before t (prefix_cache; the same
-    predictions, about half the work). Returns the Sensitivity and, per position of that profile, how many of the
-    pairs have a token there."""
+    predictions, about half the work); RoBERTa's copies run in groups of similar length, each trimmed to its longest
+    (buckets; the same predictions, no work on padding). Returns the Sensitivity and, per position of that profile,
+    how many of the pairs have a token there."""
     model.eval()  # dropout off: it would count as flips
     tokens = trim(tokens)
     mask = tokens != PAD  # (N, T): real tokens, the only ones perturbed
@@ -543,7 +546,14 @@ def measure_sensitivity(model, tokens, *, sigma, reps, positions, align, seed, p
         back = (cols + shift[idx, None]) % T
         xb = xb.gather(1, back[..., None].expand(-1, -1, C))
         if cache is None:  # RoBERTa: a perturbation reaches every position, so the whole sequence is recomputed
-            return model.forward_normed(xb, mask[idx])
+            if not buckets:
+                return model.forward_normed(xb, mask[idx])
+            length = mask[idx].sum(1)  # padding is masked everywhere, so dropping its columns changes nothing
+
+            def trimmed(r):  # one group of copies of similar length, cut to its longest
+                end = int(length[r].max())
+                return model.forward_normed(xb[r, :end], mask[idx[r], :end])
+            return by_length(trimmed, length)
         if pos is None:  # the clean inputs, whose logits came with the cache
             return clean[idx]
         start = pos - shift[idx]  # the perturbed position in the left-aligned layout

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import language
 import report
@@ -266,6 +267,31 @@ class Says(nn.Module):
 
     def forward(self, tokens):
         return torch.log(torch.tensor([0.2, 0.8] if self.k else [0.8, 0.2])).expand(len(tokens), 2)
+
+
+def test_length_buckets_give_exactly_the_padded_answers():
+    """RoBERTa's perturbed copies run in groups of similar length, each cut to its longest, and evaluate() batches
+    the pairs sorted by length: every pair's flip rate, the loss, the accuracy and the majority share equal those of
+    the whole padded batch, on pairs of lengths 5 to 40 (and the model does flip, so the check is not vacuous)."""
+    args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2", "--max-len", "40"])
+    torch.manual_seed(1)
+    model = language.build_model("roberta", "softmax", 60, args).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(30)
+    tokens = torch.randint(4, 60, (30, 40), generator=torch.Generator().manual_seed(0))
+    tokens[torch.arange(40) >= torch.randint(5, 41, (30, 1), generator=torch.Generator().manual_seed(2))] = language.PAD
+    for align, positions in [("right", None), ("left", 3)]:
+        kw = dict(sigma=2.0, reps=2, positions=positions, align=align, seed=0)
+        grouped, _ = language.measure_sensitivity(model, tokens, **kw)
+        padded, _ = language.measure_sensitivity(model, tokens, **kw, buckets=False)
+        assert torch.equal(grouped.per_input, padded.per_input) and grouped.mean > 0.005
+    labels = torch.randint(2, (30,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = model(tokens)  # one batch, padded to 40
+    loss, acc, share = language.evaluate(model, tokens, labels, batch_size=7)
+    assert loss == pytest.approx(F.cross_entropy(out, labels).item(), rel=1e-5)
+    assert acc == (out.argmax(1) == labels).float().mean().item()
+    assert share == out.argmax(1).bincount(minlength=2).max().item() / 30
 
 
 def test_evaluate_gives_the_known_loss_accuracy_and_majority_share():
