@@ -598,6 +598,10 @@ class Progress:
         final = time.monotonic() - self.last[0] if self.last else 0.0
         return {"training": sum(self.steps), "evaluations": sum(self.evals), "final": final}
 
+    def end_early(self):
+        """The run stops at the latest tick (--until-acc, --patience): the lines now say final measurements."""
+        self.total = self.last[1]
+
     def stop(self):
         self.done.set()
 

@@ -685,6 +685,7 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
                       f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
                       f"{row['time']:.0f}s")
             if step == num_steps or evaluating and stop:
+                progress.end_early()  # the progress lines now say "final measurements"
                 break
             perm = torch.randperm(len(x), generator=gen, device=device)  # a new order every epoch
             fwd.train()

@@ -172,6 +172,12 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
         "timed after a few steps)", "m/seed0 | over an hour on a CPU; try --small"]
     Progress("m/seed0", 0, 1000, 50, every=0, guess=(3.0, 60.0), early=True)  # --until-acc may stop it sooner
     assert "this machine: at most about 71.0 min" in capsys.readouterr().out
+    # a run that stops early (--until-acc) at the evaluation of step 300: its lines now say final measurements
+    progress = Progress("m/seed0", 0, 1000, 50, every=0, early=True)
+    progress.tick(300, True)
+    assert "step 300/1000 | evaluating for" in progress.line()
+    progress.end_early()
+    assert "step 300/300 | final evaluation and measurements for" in progress.line()
 
 
 @pytest.mark.slow
