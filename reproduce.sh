@@ -192,7 +192,7 @@ do_datascale() {
     --vary n-train steps epochs eval-every model lr sigma sweep mask match-acc
 }
 
-row mechanism 450 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
+row mechanism 620 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
 do_mechanism() {
   local c="$fmnist --n-train 3000 --n-test 2000 --epochs 200 --eval-every 5 --until-acc 0.99 --patience 6 --depth 4
     --heads 4 --dim-head 16 --sigma 0.1 1 --sweep --mask patch global scattered --match-acc 0.9 0.95 0.99 --n-sens 500
