@@ -16,6 +16,8 @@
   longest / every copy padded to the longest pair, 8 sampled positions per pair as the MRPC runs; same answer.
   eval_sorted_speedup_roberta: language.evaluate (pairs sorted by length, each batch of 256 trimmed to its longest)
   / the same batches in the pairs' own order; same accuracy.
+- scattered_rows_speedup_<cnn|vit>: vision.py's scattered mask with its copies through the model in batches of 100
+  (a CPU; 2,048 on a GPU) / of 2,048 images, the same masks and noise.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - corruption_images_per_s: images/s of the generated corruptions (corruptions.py: all but frost, severities
   1-5), absolute.
@@ -311,6 +313,19 @@ def bench_language(n, rounds, device):
     return out
 
 
+def bench_scattered(args, images, rounds, device):
+    """The scattered mask (the authors' estimator, vision.py's final sweep) of the converged protocol's CNN and ViT on
+    28x28 images: copies through the model in batches of its default rows / in batches of 2,048, the same draws."""
+    out = {}
+    for name in ["cnn", "vit"]:
+        model = vision.build_model(name, args, 1, 28, 10).to(device).eval()
+        times = timed_rounds([lambda m=model: vision.scattered_sensitivity(m, images, 4, 1.0, 49, 0),
+                              lambda m=model: vision.scattered_sensitivity(m, images, 4, 1.0, 49, 0, rows=2048)],
+                             device, rounds)
+        out[f"scattered_rows_speedup_{name}"] = median([t[1] / t[0] for t in times])
+    return out
+
+
 def training_workload(n):
     """A small training run on the CPU, as the experiments' are: vision.py's ViT (depth 2, 4 heads of 16, 7x7
     patches) on n 28x28 images, one SGD epoch of batch 100 per call."""
@@ -477,6 +492,7 @@ def run_all(args):
         model = vision.build_model(name, small, 1, 28, 10).to(device)
         results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
                                       y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
+    results.update(bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device))
     results.update(bench_language(256 if cuda else max(2, n // 12), args.rounds, device))
     results.update(bench_corruptions(device, 10 * n))
     results.update(bench_shared_cpu(3 * n, args.rounds))

@@ -578,18 +578,22 @@ def scattered_copies(images, p, sigma, draws, generator):
 
 
 @torch.no_grad()
-def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100):
+def scattered_sensitivity(model, images, p, sigma, draws, seed, batch=100, rows=None):
     """The authors' released estimator, for comparison (not the paper's definition): per batch of 100 images,
-    `draws` masks of p^2 scattered pixels, each shared by the batch. Returns a Sensitivity (one position)."""
+    `draws` masks of p^2 scattered pixels, each shared by the batch. Returns a Sensitivity (one position). rows:
+    images per forward pass (default 2,048 on a GPU, 100 on a CPU, where a small model runs up to 2x faster in batches
+    of 100 than of 2,000); the draws are the same whatever it is."""
     gen = torch.Generator(images.device).manual_seed(seed)
-    per_call = max(1, 2048 // batch)  # draws per forward pass
+    per_call = max(1, 2048 // batch)  # draws generated at once (their random numbers are drawn in this order)
+    rows = rows or (2048 if images.device.type == "cuda" else 100)
     flips = torch.zeros(len(images), dtype=torch.long, device=images.device)  # per image, over all its draws
     for i in range(0, len(images), batch):  # the authors' batches of 100: each mask is shared by a batch
         xb = images[i:i + batch]
         clean = predict(model(xb), len(xb))  # the unperturbed predictions
         for d in range(0, draws, per_call):
             n = min(per_call, draws - d)
-            out = model(scattered_copies(xb, p, sigma, n, gen)[0]).float()
+            copies = scattered_copies(xb, p, sigma, n, gen)[0]
+            out = torch.cat([model(c) for c in copies.split(rows)]).float()
             if not_finite(out):
                 raise ValueError("the model returned non-finite outputs on perturbed copies")
             flips[i:i + batch] += (predict(out, n * len(xb)).view(n, len(xb)) != clean).sum(0)  # (draws, B) -> (B,)

@@ -17,7 +17,9 @@ def test_one_tiny_round_gives_every_figure(tmp_path):
     names = ["est_eff_vit", "est_eff_mlp", "est_speedup_vit", "est_speedup_mlp", "train_speedup_mlp",
              "train_speedup_vit", "est_eff_roberta", "est_prefix_speedup_lstm", "est_prefix_speedup_gpt2",
              "est_prefix_speedup_lstm_sampled", "est_prefix_speedup_gpt2_sampled",
-             "lstm_fused_speedup", "corruption_images_per_s", "shared_cpu_slowdown", "shared_cpu_slowdown_default",
+             "est_bucket_speedup_roberta", "eval_sorted_speedup_roberta", "scattered_rows_speedup_cnn",
+             "scattered_rows_speedup_vit", "lstm_fused_speedup", "corruption_images_per_s", "shared_cpu_slowdown",
+             "shared_cpu_slowdown_default",
              "quickstart_s", "reference_s", "quickstart_ratio"]
     for name in names:
         assert math.isfinite(results[name]) and results[name] > 0, name
