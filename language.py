@@ -491,12 +491,13 @@ def trim(tokens):
 
 
 @torch.no_grad()
-def evaluate(model, tokens, labels, batch_size=256):
+def evaluate(model, tokens, labels, batch_size=None):
     """(mean cross-entropy, accuracy, share of the pairs given the most frequent predicted class) in eval mode; a
     share of 1.0 is a constant classifier, whose sensitivity is 0 whatever the noise. Under torchrun each rank takes
     a slice of the pairs and the sums are added up."""
     model.eval()  # dropout off
     rank, world = ranks()
+    batch_size = batch_size or (256 if tokens.device.type == "cuda" else 64)  # a CPU: 1.2-1.4x faster than at 256
     loss = correct = 0.0
     counts = torch.zeros(2, dtype=torch.long, device=tokens.device)  # predictions of each class
     mine = torch.arange(len(tokens), device=tokens.device).tensor_split(world)[rank]
