@@ -91,7 +91,7 @@ def test_a_rerun_after_an_interruption_ends_with_the_same_numbers(smoke, tmp_pat
     else:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate(timeout=60)
-    assert not (tmp_path / "vision" / "adam-seed1" / ".done").exists()  # stopped before the row ended
+    assert not (tmp_path / "vision" / "conv-vit-seed1" / ".done").exists()  # stopped before the row ended
     code, out = finish("smoke", "--only", rows, "--out", str(tmp_path))
     assert code == 0 and "resumed" in out, out[-3000:]
     again = claims(out, tmp_path)
