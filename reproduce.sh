@@ -159,22 +159,24 @@ do_vision3k() {
   merge fmnist-3k vision $(per_seed "$out"/vision/fmnist-3k-seed%)
 }
 
-row converged 135 "Sec. 5 and App. A.2: the same, every model to train accuracy 0.99 (3 seeds)"
-# One process per model and seed, named conv-<model>-seed<s>: the mechanism row merges the same ViT, CNN and MLP runs
-# (a model's numbers do not depend on what else its process trains), so whichever row runs second skips them.
+row converged 225 "Sec. 5 and App. A.2: the same, every model to train accuracy 0.99 (3 seeds)"
+# One process per model and seed, named conv-<model>-seed<s>: the mechanism row merges the same ViT, ViT-simple, CNN
+# and MLP runs (a model's numbers do not depend on what else its process trains), so the second row to run skips them.
 converged="$fmnist --n-train 3000 --n-test 2000 --epochs 200 --eval-every 5 --until-acc 0.99 --patience 6 --depth 4
   --heads 4 --dim-head 16 --sigma 0.1 1 --sweep --mask patch global scattered --match-acc 0.9 0.95 0.99 --n-sens 500
   --flat-patches 0.01"
 adam="--optimizer adam --lr 1e-3"  # the ViTs and CNNs: SGD at the paper's rates does not reach 0.99 in CPU time
-conv_runs() {  # the converged row's four models for seed $1 (the MLPs at the paper's SGD rates)
+conv_runs() {  # the converged row's five models for seed $1 (the MLPs at the paper's SGD rates)
   run conv-vit-seed$1 vision.py $converged --model vit $adam --seeds $1 $F
+  run conv-vit-simple-seed$1 vision.py $converged --model vit-simple $adam --seeds $1 $F
   run conv-cnn-seed$1 vision.py $converged --model cnn $adam --seeds $1 $F
   run conv-mlp-seed$1 vision.py $converged --model mlp --seeds $1 $F
   run conv-mlp-sigmoid-seed$1 vision.py $converged --model mlp-sigmoid --seeds $1 $F
 }
 do_converged() {
   for s in $seeds; do conv_runs $s; done
-  merge converged-3seeds vision $(per_seed "$out"/vision/conv-{vit,cnn,mlp,mlp-sigmoid}-seed%) --vary model optimizer lr
+  merge converged-3seeds vision $(per_seed "$out"/vision/conv-{vit,vit-simple,cnn,mlp,mlp-sigmoid}-seed%) \
+    --vary model optimizer lr
 }
 
 row vitsize 25 "Sec. 5: the authors' ViT size against ours (1 seed)"
@@ -199,7 +201,7 @@ do_datascale() {
     --vary n-train steps epochs eval-every model lr sigma sweep mask match-acc
 }
 
-row mechanism 490 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
+row mechanism 400 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
 do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablations of the same protocol
   local c="$converged"
   for s in $seeds; do
@@ -208,13 +210,12 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
     run abl-mlp-pn-seed$s vision.py $c --model mlp --input-patch-norm --seeds $s $F
     run abl-vit-nbn-seed$s vision.py $c --model vit --no-block-norm $adam --seeds $s $F
     run abl-cnn-pn-seed$s vision.py $c --model cnn --input-patch-norm $adam --seeds $s $F
-    run abl-vits-seed$s vision.py $c --model vit-simple $adam --seeds $s $F
   done
   for m in vit cnn; do  # the paper's SGD (ViT 0.1, CNN 0.005, constant, no momentum) until train accuracy 0.99
     run sgd-$m-seed0 vision.py $c --model $m --epochs 1000 --seeds 0 $F
   done
   local vary="--vary model optimizer lr no-patch-norm no-block-norm input-patch-norm"
-  merge mechanism vision $(per_seed "$out"/vision/{conv-vit,abl-vit-npn,abl-vit-nbn,abl-vits,conv-mlp,abl-mlp-pn}-seed% \
+  merge mechanism vision $(per_seed "$out"/vision/{conv-vit,abl-vit-npn,abl-vit-nbn,conv-vit-simple,conv-mlp,abl-mlp-pn}-seed% \
     "$out"/vision/{conv-cnn,abl-cnn-pn}-seed%) $vary
   merge mechanism-npn vision $(per_seed "$out"/vision/{abl-vit-npn,conv-mlp,abl-mlp-pn,conv-cnn,abl-cnn-pn}-seed%) $vary
   merge paper-sgd vision "$out"/vision/sgd-{vit,cnn}-seed0 $(per_seed "$out"/vision/conv-mlp-seed%) --vary model epochs \
