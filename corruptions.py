@@ -20,6 +20,7 @@ Each random corruption changes an image by 0.94-1.04 times as much as the releas
     x, y = read_release("CIFAR-10-C", "snow", severity=3)
 """
 
+import functools
 import io
 import math
 import os
@@ -430,10 +431,11 @@ def spatter(x, c, g):
     return x + m * colour((175, 238, 238), C, x.device)
 
 
+@functools.lru_cache(maxsize=4)  # read once per folder, not once per batch and severity
 def load_frost(folder):
-    """The six frost textures of Hendrycks' release, each scaled to 0.2 of its size as the generator does: a list
-    of (3, h, w) float tensors in [0, 255]. A missing folder or file is a FileNotFoundError that says where to get
-    them."""
+    """The six frost textures of Hendrycks' release, each scaled to 0.2 of its size as the generator does: a tuple
+    of (3, h, w) float tensors in [0, 255], not to be changed (they are cached). A missing folder or file is a
+    FileNotFoundError that says where to get them."""
     textures = []
     for name in FROST_FILES:
         path = os.path.join(folder or "", name)
@@ -448,7 +450,7 @@ def load_frost(folder):
         h, w = img.shape[1:]
         textures.append(F.interpolate(img[None], size=(round(h * 0.2), round(w * 0.2)), mode="bilinear",
                                       align_corners=False)[0].round())  # cv2.resize of an 8-bit image
-    return textures
+    return tuple(textures)
 
 
 def frost(x, c, g, textures):

@@ -122,6 +122,11 @@ def accuracy(model, images, labels, batch_size=500):
     return correct / len(images)
 
 
+def default_corruptions(cifar10c_dir, frost_dir):
+    """All 19 of the release, but frost when it would be generated without its six textures."""
+    return [c for c in STANDARD + EXTRA if c != "frost" or cifar10c_dir or frost_dir]
+
+
 def evaluate_corruptions(model, images=None, labels=None, *, corruptions=None, severities=(1, 2, 3, 4, 5),
                          cifar10c_dir=None, n=None, frost_dir=None, seed=0):
     """Corruption accuracy of `model`, any module of [0, 1] float images (B, C, H, W) -> logits. The corrupted
@@ -135,7 +140,7 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=None, s
     textures are checked before any work."""
     skipped = {}
     if corruptions is None:
-        corruptions = [c for c in STANDARD + EXTRA if c != "frost" or cifar10c_dir or frost_dir]
+        corruptions = default_corruptions(cifar10c_dir, frost_dir)
         if "frost" not in corruptions:
             skipped["frost"] = "generating it needs frost_dir=, the folder of the release's six frost textures"
     if isinstance(corruptions, str) or not all(isinstance(c, str) for c in corruptions):
@@ -226,7 +231,7 @@ def parse_args(argv=None):
         args = parse_with(p, argv, args.from_vision, "vision")
     vision.check_flags(p, args)
     if args.corruptions is None:
-        args.corruptions = [c for c in STANDARD + EXTRA if c != "frost" or args.cifar10c_dir or args.frost_dir]
+        args.corruptions = default_corruptions(args.cifar10c_dir, args.frost_dir)
     if args.paper_fig9 and given(argv, "--model", "--variants"):
         p.error("--paper-fig9 trains the six models of Fig. 9: drop --model and --variants, or drop --paper-fig9")
     if args.paper_fig9:  # the models and variants Fig. 9 needs, for the data and the checks below

@@ -280,3 +280,14 @@ def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     assert top.min() < 5 and top.max() > h - 32 - 6 and top.max() <= h - 33
     assert left.min() < 5 and left.max() > w - 32 - 6 and left.max() <= w - 33
     assert set(y[:, 2, 0, 0].round().div(10).long().tolist()) == {0, 1, 2, 3, 4}  # the first five textures
+
+
+def test_frost_textures_are_read_once_per_folder(frost_dir, monkeypatch):
+    """Frost at five severities in batches reads the six texture files once, not once per batch and severity."""
+    opened, read = [], Image.open
+    monkeypatch.setattr(C.Image, "open", lambda path: opened.append(path) or read(path))
+    x = smooth_images(8, 3, 32)
+    for s in range(1, 6):
+        C.corrupt(x[:4], "frost", s, torch.Generator().manual_seed(s), frost_dir)
+        C.corrupt(x[4:], "frost", s, torch.Generator().manual_seed(s), frost_dir)
+    assert len(opened) == len(C.FROST_FILES)
