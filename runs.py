@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pickle
+import platform
 import random
 import re
 import signal
@@ -458,7 +459,18 @@ def environment(device):
         commit = None
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"torch": torch.__version__, "device": name, "threads": torch.get_num_threads(), "git_commit": commit}
+    # CPU training is bit-for-bit repeatable on one machine, not across processors (their kernels sum in other orders)
+    return {"torch": torch.__version__, "device": name, "cpu": cpu_model(), "threads": torch.get_num_threads(),
+            "git_commit": commit}
+
+
+def cpu_model():
+    """The processor's name (Linux's /proc/cpuinfo; platform's guess elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
 
 
 class Run(NamedTuple):

@@ -26,6 +26,8 @@ def test_results_file_shape_and_atomic_rewrite(tmp_path):
     res.final("vit/seed0", {"sens": 0.4, "sens_stderr": 0.01})
     data = json.loads((tmp_path / "metrics.json").read_text())
     assert data["args"]["lr"] == 0.1 and data["env"]["device"] == "cpu" and data["script"] == "vision"
+    if os.path.isfile("/proc/cpuinfo"):  # the processor, since CPU training repeats bit for bit only on the same one
+        assert data["env"]["cpu"] and "model name" not in data["env"]["cpu"]
     run = data["runs"]["vit/seed0"]
     assert run == {"history": [{"epoch": 0, "sens": 0.5}], "final": {"sens": 0.4, "sens_stderr": 0.01},
                    "measured_under": {"sigma": [0.1], "sens_seed": 3}}  # the measurement's flags, not lr
