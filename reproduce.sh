@@ -212,7 +212,7 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
     run abl-cnn-pn-seed$s vision.py $c --model cnn --input-patch-norm $adam --seeds $s $F
   done
   # the paper's SGD (ViT 0.1, CNN 0.005, constant, no momentum) until train accuracy 0.99: the ViT's 95 epochs take
-  # about an hour; the CNN climbs slowly (0.89 after 250 epochs, 42 min) and may end its 1000 epochs below 0.99
+  # about an hour; the CNN climbs slowly (0.93 at best in 250 epochs, 43 min) and may end its 1000 epochs below 0.99
   for m in vit cnn; do
     run sgd-$m-seed0 vision.py $c --model $m --epochs 1000 --seeds 0 $F
   done
