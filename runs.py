@@ -757,16 +757,19 @@ class Results:
         save_every steps also write it to checkpoint.pt now (atomically: a temp file, renamed)."""
         saving = bool(save_every) and step % save_every == 0
         if evaluating or saving:
-            self.latest = (str(run), snapshot(step, model, opt, generators, **extra))
+            self.latest = (run, snapshot(step, model, opt, generators, **extra))
         if saving:
             self.write_checkpoint()
 
     def write_checkpoint(self):
         if self.latest is None or not self.write:
             return
+        run, state = self.latest
+        self._run(run)  # metrics.json lists the run before its checkpoint exists, so that a kill -9 between the
+        self.save()     # two never leaves a checkpoint that --resume must refuse as another run's
         path = os.path.join(self.folder, "checkpoint.pt")
         try:
-            torch.save({"run": self.latest[0], "state": self.latest[1]}, path + ".tmp")
+            torch.save({"run": str(run), "state": state}, path + ".tmp")
             os.replace(path + ".tmp", path)
         except (OSError, RuntimeError) as e:  # a full disk or a file-size cap: say which file, leave no .tmp
             if os.path.exists(path + ".tmp"):

@@ -85,6 +85,39 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
     assert "interrupted" not in json.loads((cut / "metrics.json").read_text())
 
 
+class Killed(BaseException):
+    """kill -9: neither Ctrl-C nor an error, so nothing more is written (recording() handles neither)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(RUNS))
+def test_killed_right_after_the_first_checkpoint_resumes(script, tmp_path, monkeypatch, capsys):
+    """kill -9 right after the first checkpoint.pt is written (step 0, before anything was logged): the folder's
+    metrics.json already lists the checkpoint's run, so --resume continues it to an uninterrupted run's numbers
+    instead of refusing it as another run's checkpoint."""
+    from runs import Results
+
+    module, argv, _ = RUNS[script]
+    argv = argv + ["--out-dir", str(tmp_path), "--save-every", "1"]
+    if script == "language":
+        argv += ["--data-dir", str(write_glue(tmp_path))]
+    whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
+    real = Results.write_checkpoint
+
+    def write_then_die(self):
+        real(self)
+        raise Killed
+
+    monkeypatch.setattr(Results, "write_checkpoint", write_then_die)
+    with pytest.raises(Killed):
+        module.main(module.parse_args(argv + ["--run-name", "cut"]))
+    monkeypatch.undo()
+    cut = tmp_path / script / "cut"
+    assert (cut / "checkpoint.pt").exists()
+    resumed = module.main(module.parse_args(["--resume", str(cut)]))
+    assert without_time(resumed["runs"]) == without_time(whole["runs"])
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path):
     """torchrun --nproc_per_node=2 (gloo on this CPU): the global batch is split across the ranks, so training,
