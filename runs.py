@@ -538,6 +538,7 @@ class Progress:
         self.run, self.start, self.total, self.eval_every = str(run), start, total, eval_every
         self.per_epoch, self.hint, self.cpu, self.guess, self.early = per_epoch, hint, cpu, guess, early
         self.steps, self.evals = [], []  # the durations of training iterations and of evaluations, in seconds
+        self.before = {}  # {training, evaluations}: seconds of the invocations before a --resume (from the checkpoint)
         self.last, self.loss, self.told = None, None, False  # last: (time, step, evaluating) of the latest tick
         self.done = threading.Event()
         if guess:  # at once, before the first (maybe long) evaluation
@@ -606,9 +607,11 @@ class Progress:
 
     def seconds(self):
         """{training, evaluations, final}: seconds in training steps, in evaluating iterations, and since the last
-        tick (the final measurements), in this invocation: what a protocol's time is spent on."""
+        tick (the final measurements), over the whole run: a resumed run adds the time of the invocations before, up to
+        its checkpoint (the steps redone after it count once). What a protocol's time is spent on."""
         final = time.monotonic() - self.last[0] if self.last else 0.0
-        return {"training": sum(self.steps), "evaluations": sum(self.evals), "final": final}
+        return {"training": self.before.get("training", 0.0) + sum(self.steps),
+                "evaluations": self.before.get("evaluations", 0.0) + sum(self.evals), "final": final}
 
     def end_early(self):
         """The run stops at the latest tick (--until-acc, --patience): the lines now say final measurements."""
@@ -680,6 +683,7 @@ class Results:
         self.path = os.path.join(run_dir, "metrics.json")
         self.first_loss = {}  # run -> its first logged training loss, for diverged()
         self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
+        self.carried = {}  # run -> the seconds its checkpoint holds, for the Progress of its resumed training
         self.resume_point = None
         self.device, self.current = torch.device(device), None  # current: the Progress of the run training now
         if resume:
@@ -725,6 +729,7 @@ class Results:
         self.stop_progress()
         every = self.data["args"].get("progress_every", 20) if self.write else 0  # torchrun: rank 0 alone prints
         self.current = Progress(run, start, total, eval_every, every=every, cpu=self.device.type == "cpu", **kw)
+        self.current.before = self.carried.pop(str(run), {})
         return self.current
 
     def stop_progress(self):
@@ -749,6 +754,7 @@ class Results:
         if history:  # the divergence limit keeps referring to the run's first loss
             self.first_loss[str(run)] = history[0]["train_loss"]
         print(f"{run}: resumed after {key} {snap['step']}")
+        self.carried[str(run)] = snap.get("seconds", {})  # absent in checkpoints written before it was kept
         return snap
 
     def checkpoint(self, run, step, evaluating, save_every, model, opt, generators=(), **extra):
@@ -757,7 +763,9 @@ class Results:
         save_every steps also write it to checkpoint.pt now (atomically: a temp file, renamed)."""
         saving = bool(save_every) and step % save_every == 0
         if evaluating or saving:
-            self.latest = (run, snapshot(step, model, opt, generators, **extra))
+            now = self.current is not None and self.current.run == str(run)  # its time so far, for a resumed run
+            seconds = {k: v for k, v in self.current.seconds().items() if k != "final"} if now else {}
+            self.latest = (run, snapshot(step, model, opt, generators, seconds=seconds, **extra))
         if saving:
             self.write_checkpoint()
 

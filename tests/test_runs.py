@@ -360,6 +360,31 @@ def test_time_split_in_minutes(tmp_path, capsys):
     report.main(report.parse_args([str(tmp_path), "--times"]))
     assert capsys.readouterr().out == ("vit/seed0 | training 1.0 min | evaluations 0.5 min | final measurements 1.5 "
                                        "min | total 3.0 min\n")
+    (tmp_path / "b").mkdir()  # a row of several folders: their sum on a last line
+    write_json(str(tmp_path / "b" / "metrics.json"), {"script": "vision", "runs": {"cnn/seed0": {
+        "history": [], "final": {}, "seconds": {"training": 30, "evaluations": 30, "final": 30}}}})
+    report.main(report.parse_args([str(tmp_path), str(tmp_path / "b"), "--times"]))
+    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 folders | training 1.5 min | evaluations 1.0 min | "
+                                                        "final measurements 2.0 min | total 4.5 min")
+
+
+def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
+    """The seconds a run records cover the whole run: its checkpoint keeps the training and evaluation time so far,
+    and the Progress of the resumed invocation starts from them."""
+    from runs import Results
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    res = Results(str(tmp_path), "synthetic", {}, "cpu")
+    progress = res.progress("m/seed0", 0, 10, 5)
+    progress.steps, progress.evals = [2.0, 3.0], [7.0]  # as if timed
+    res.checkpoint("m/seed0", 5, True, 5, model, opt)
+    res.stop_progress()
+    again = Results(str(tmp_path), "synthetic", {}, "cpu", resume=True)
+    assert again.resume("m/seed0", "step")["step"] == 5
+    spent = again.progress("m/seed0", 5, 10, 5).seconds()
+    assert spent["training"] == 5.0 and spent["evaluations"] == 7.0
+    assert again.progress("m/seed1", 0, 10, 5).seconds()["training"] == 0.0  # another run starts from nothing
 
 
 def test_matched_accuracy_table_over_seeds(capsys):
