@@ -428,15 +428,15 @@ def robustness_claim(data):
 def time_split(data):
     """Where each run's time went (metrics.json's 'seconds', written since progress lines exist): minutes in
     training steps, in the evaluations during training (accuracy and sensitivity), and in the final measurements
-    (the sweep, the other masks); their total. Returns the sums over the runs, for a total over folders."""
-    sums = {"training": 0.0, "evaluations": 0.0, "final": 0.0}
+    (the sweep, the other masks); their total. Returns the splits it printed, for a total over runs and folders."""
+    splits = []
     for run, r in data["runs"].items():
         if "seconds" in r:
             s = r["seconds"]
             print(f"{run} | training {s['training'] / 60:.1f} min | evaluations {s['evaluations'] / 60:.1f} min | "
                   f"final measurements {s['final'] / 60:.1f} min | total {sum(s.values()) / 60:.1f} min")
-            sums = {k: sums[k] + s[k] for k in sums}
-    return sums
+            splits.append(s)
+    return splits
 
 
 # (row of reproduce.sh, its merged folder under the output folder, what prints the row's numbers)
@@ -872,10 +872,10 @@ def main(args):
     if args.claims:
         return claims(args.claims)
     if args.times:
-        splits = [time_split(load_results(folder)) for folder in args.folders]
-        if len(splits) > 1:  # a row's CPU time: the sum over its run folders
-            total = {k: sum(s[k] for s in splits) for k in splits[0]}
-            print(f"all {len(splits)} folders | training {total['training'] / 60:.1f} min | evaluations "
+        splits = [s for folder in args.folders for s in time_split(load_results(folder))]
+        if len(splits) > 1:  # a row's CPU time: the sum over its runs (reproduce.sh prints it at each row's end)
+            total = {k: sum(s[k] for s in splits) for k in ["training", "evaluations", "final"]}
+            print(f"all {len(splits)} runs | training {total['training'] / 60:.1f} min | evaluations "
                   f"{total['evaluations'] / 60:.1f} min | final measurements {total['final'] / 60:.1f} min | total "
                   f"{sum(total.values()) / 60:.1f} min")
         return None

@@ -56,11 +56,12 @@ fmnist="--dataset fashionmnist --data-dir $data"
 # -----------------------------------------------------------------------------
 # the machinery: runs as background processes, at most $jobs at once; rows in turn
 
-pids=() dirs=() failed=()
+pids=() dirs=() failed=() row_dirs=()
 
 run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped when done, resumed when stopped
   local name=$1 script=$2 folder="$out/${2%.py}/$1"
   shift 2
+  row_dirs+=("$folder")  # the row's CPU time is its runs' own (done before or now)
   [ -f "$folder/.done" ] && { echo "  $name: done before"; return; }
   if alive "$name"; then  # left by a reproduce.sh that was killed: it may be writing its folder
     echo "  $name: still running (pid $(cat "$out/logs/$name.pid")) from an earlier reproduce.sh; waiting for it"
@@ -333,17 +334,29 @@ done
 "$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
   "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 mkdir -p "$out/logs"
+declare -A counted=()  # run folders whose minutes a row has counted: a run two rows share counts for the first
+cpu_minutes() {  # the CPU minutes the row's runs recorded (training, evaluations, final measurements; every invocation)
+  local f folders=()
+  for f in "${row_dirs[@]}"; do
+    [ -f "$f/metrics.json" ] && [ -z "${counted[$f]:-}" ] && folders+=("$f") && counted[$f]=1
+  done
+  [ ${#folders[@]} -gt 0 ] || { echo 0; return; }
+  "$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p'
+}
+
 echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
-start=$(date +%s)
+start=$(date +%s) cpu_total=0
 for r in "${ROWS[@]}"; do
   IFS='|' read -r id minutes title <<< "$r"
   [ -n "$only" ] && [[ $only != *",$id,"* ]] && continue
-  t0=$(date +%s)
+  t0=$(date +%s) row_dirs=()
   echo "[$id] $title | start $(date '+%T')"
   "do_$id"
   reap
-  echo "[$id] end $(date '+%T') | wall $(( $(date +%s) - t0 )) s"
+  cpu=$(cpu_minutes)
+  cpu_total=$(awk -v a="$cpu_total" -v b="${cpu:-0}" 'BEGIN { print a + b }')
+  echo "[$id] end $(date '+%T') | wall $(( $(date +%s) - t0 )) s | CPU ${cpu:-?} min (its runs' own timers)"
 done
-echo "all rows: wall $(( $(date +%s) - start )) s"
+echo "all rows: wall $(( $(date +%s) - start )) s | CPU $cpu_total min"
 "$python" report.py --claims "$out" || failed+=("claims")
 [ ${#failed[@]} -eq 0 ] || { echo "reproduce.sh: failed: ${failed[*]} (their logs are in $out/logs)" >&2; exit 1; }

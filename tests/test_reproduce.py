@@ -65,7 +65,12 @@ def test_smoke_runs_every_row_merges_and_prints_the_claims(smoke):
     assert code == 0, out[-3000:]
     for row in ROWS:
         assert re.search(rf"^\[{row}\] .* \| start \d\d:\d\d:\d\d$", out, re.M), row
-        assert re.search(rf"^\[{row}\] end \d\d:\d\d:\d\d \| wall \d+ s$", out, re.M), row
+        assert re.search(rf"^\[{row}\] end \d\d:\d\d:\d\d \| wall \d+ s \| CPU [\d.]+ min \(its runs' own timers\)$",
+                         out, re.M), row
+    cpu = re.findall(r"^\[(\w+)\] end .* \| CPU ([\d.]+) min", out, re.M)
+    assert len(cpu) == len(ROWS), cpu
+    total = float(re.search(r"^all rows: wall \d+ s \| CPU ([\d.]+) min$", out, re.M).group(1))
+    assert total == pytest.approx(sum(float(m) for _, m in cpu), abs=0.01 * len(cpu))
     assert "FAILED" not in out and "not run" not in out.split("all rows: wall", 1)[1]
     got = "\n".join(f"{h}\n" + "\n".join(lines) for h, lines in claims(out, folder).items())
     if os.environ.get("UPDATE_CLAIMS"):  # after a change that moves the smoke numbers on purpose

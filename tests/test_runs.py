@@ -364,7 +364,7 @@ def test_time_split_in_minutes(tmp_path, capsys):
     write_json(str(tmp_path / "b" / "metrics.json"), {"script": "vision", "runs": {"cnn/seed0": {
         "history": [], "final": {}, "seconds": {"training": 30, "evaluations": 30, "final": 30}}}})
     report.main(report.parse_args([str(tmp_path), str(tmp_path / "b"), "--times"]))
-    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 folders | training 1.5 min | evaluations 1.0 min | "
+    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 runs | training 1.5 min | evaluations 1.0 min | "
                                                         "final measurements 2.0 min | total 4.5 min")
 
 
