@@ -139,12 +139,12 @@ row() { ROWS+=("$1|$2|$3"); }  # row ID CPU-MINUTES TITLE: in --list, and the or
 # -----------------------------------------------------------------------------
 # the rows, in the README's order; CPU minutes are on a 2-core machine, one thread per process
 
-row synthetic 1.5 "Sec. 4.1, Fig. 3: one attention layer learns the lower-sensitivity feature"
+row synthetic 2 "Sec. 4.1, Fig. 3: one attention layer learns the lower-sensitivity feature"
 do_synthetic() {
   run cases synthetic.py $S
 }
 
-row fig12 7 "Fig. 12: the same in three more settings per case"
+row fig12 11 "Fig. 12: the same in three more settings per case"
 do_fig12() {
   for s in $seeds; do run fig12-seed$s synthetic.py --fig12 --seeds $s $S; done
   merge fig12 synthetic $(per_seed "$out"/synthetic/fig12-seed%)
@@ -180,7 +180,7 @@ do_converged() {
     --vary model optimizer lr
 }
 
-row vitsize 25 "Sec. 5: the authors' ViT size against ours (1 seed)"
+row vitsize 34 "Sec. 5: the authors' ViT size against ours (1 seed)"
 do_vitsize() {
   local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
     --sweep --mask patch global --n-sens 100 --seeds 0"
