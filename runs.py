@@ -683,7 +683,6 @@ class Results:
         self.path = os.path.join(run_dir, "metrics.json")
         self.first_loss = {}  # run -> its first logged training loss, for diverged()
         self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
-        self.carried = {}  # run -> the seconds its checkpoint holds, for the Progress of its resumed training
         self.resume_point = None
         self.device, self.current = torch.device(device), None  # current: the Progress of the run training now
         if resume:
@@ -729,7 +728,8 @@ class Results:
         self.stop_progress()
         every = self.data["args"].get("progress_every", 20) if self.write else 0  # torchrun: rank 0 alone prints
         self.current = Progress(run, start, total, eval_every, every=every, cpu=self.device.type == "cpu", **kw)
-        self.current.before = self.carried.pop(str(run), {})
+        if self.resume_point is not None and self.resume_point[0] == str(run):  # its time before the checkpoint
+            self.current.before = self.resume_point[1].get("seconds", {})  # (absent in older checkpoints)
         return self.current
 
     def stop_progress(self):
@@ -754,7 +754,6 @@ class Results:
         if history:  # the divergence limit keeps referring to the run's first loss
             self.first_loss[str(run)] = history[0]["train_loss"]
         print(f"{run}: resumed after {key} {snap['step']}")
-        self.carried[str(run)] = snap.get("seconds", {})  # absent in checkpoints written before it was kept
         return snap
 
     def checkpoint(self, run, step, evaluating, save_every, model, opt, generators=(), **extra):
@@ -773,8 +772,8 @@ class Results:
         if self.latest is None or not self.write:
             return
         run, state = self.latest
-        self._run(run)  # metrics.json lists the run before its checkpoint exists, so that a kill -9 between the
-        self.save()     # two never leaves a checkpoint that --resume must refuse as another run's
+        if not self._run(run)["history"]:  # metrics.json lists the run before its first checkpoint exists (a run with
+            self.save()  # rows is on disk already), so a kill -9 between the two never leaves one --resume refuses
         path = os.path.join(self.folder, "checkpoint.pt")
         try:
             torch.save({"run": str(run), "state": state}, path + ".tmp")
