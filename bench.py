@@ -18,6 +18,8 @@
   batch trimmed to its longest) / the same batches in the pairs' own order; same accuracy.
 - scattered_rows_speedup_<cnn|vit>: vision.py's scattered mask with its copies through the model in batches of 100
   (a CPU; 2,048 on a GPU) / of 2,048 images, the same masks and noise.
+- sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
+  needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - corruption_images_per_s: images/s of the generated corruptions (corruptions.py: all but frost, severities
   1-5), absolute.
@@ -53,8 +55,8 @@ from PIL import Image
 
 import vision
 from common import default_batch_size, gaussian, patchify, sensitivity
-from runs import (ArgumentParser, cli, environment, get_device, nonnegative_int, positive_int, set_threads,
-                  write_json)
+from runs import (ArgumentParser, Results, cli, environment, get_device, nonnegative_int, positive_int,
+                  set_threads, write_json)
 
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read before any script sets its policy
 
@@ -327,6 +329,39 @@ def bench_scattered(args, images, rounds, device):
     return out
 
 
+def bench_sens_during(n, device):
+    """sens_needed_speedup_vit: the wall time of a vision.py training run of the converged protocol's ViT (depth 4, 4
+    heads of 16; 3n 28x28 images, 9 epochs, an evaluation after each, the patch mask at sigma 0.1 and 1 on n / 10
+    images, so that an evaluation costs about what the training between two does, as in that protocol) with
+    --sens-during every / needed, three --match-acc levels first reached at about its 3rd, 5th and 9th of 10
+    evaluations (as the converged ViT reaches 0.9, 0.95 and 0.99); sens_needed_measured: how many of the 10 the second
+    run measured. One round each: a whole run."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 10, (3 * n,), generator=g)
+    x = torch.randint(0, 160, (3 * n, 1, 28, 28), generator=g, dtype=torch.uint8)
+    x[torch.arange(3 * n), :, 2 * y + 4] += 60  # the label is a brighter row: learned over the epochs, not at once
+    data = {"train_x": x, "train_y": y}
+    data.update(test_x=data["train_x"][:n], test_y=data["train_y"][:n])
+    base = ["--dataset", "fake28", "--depth", "4", "--heads", "4", "--dim-head", "16", "--epochs", "9",
+            "--eval-every", "1", "--batch-size", "50", "--n-sens", str(max(2, n // 10)), "--sigma", "0.1", "1",
+            "--optimizer", "adam", "--lr", "1e-3", "--progress-every", "0", "--device", device.type]
+
+    def run(extra):
+        args = vision.parse_args(base + extra)
+        with tempfile.TemporaryDirectory() as folder:
+            results = Results(folder, "vision", vars(args), device)
+            t = time.perf_counter()
+            vision.train(name="vit", seed=0, args=args, data=data, results=results, device=device)
+            return time.perf_counter() - t, results.data["runs"]["vit/seed0"]["history"]
+
+    every, h = run(["--sens-during", "every"])
+    acc = [r["train_acc"] for r in h]
+    new_high = [i for i in range(1, len(acc)) if acc[i] > max(acc[:i])]  # where a level can be first reached
+    levels = sorted({next((j for j in new_high if j >= i), new_high[-1]) for i in (3, 5, 9)}) if new_high else [1]
+    needed, h = run(["--sens-during", "needed", "--match-acc", *(f"{acc[j]}" for j in levels)])
+    return {"sens_needed_speedup_vit": every / needed, "sens_needed_measured": sum("sens" in r for r in h)}
+
+
 def training_workload(n):
     """A small training run on the CPU, as the experiments' are: vision.py's ViT (depth 2, 4 heads of 16, 7x7
     patches) on n 28x28 images, one SGD epoch of batch 100 per call."""
@@ -494,6 +529,7 @@ def run_all(args):
         results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
                                       y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
     results.update(bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device))
+    results.update(bench_sens_during(n, device))
     results.update(bench_language(256 if cuda else max(2, n // 12), args.rounds, device))
     results.update(bench_corruptions(device, 10 * n))
     results.update(bench_shared_cpu(3 * n, args.rounds))

@@ -650,8 +650,10 @@ def train_one(name, attn, seed, args, data, vocab, results):
     final["per_image_init"] = per_image_init
     # the per-position profile of the final model at the headline sigma, in every alignment asked for
     final["profiles"] = {}
-    for align in args.align:
-        s, pairs = sens[head] if align == args.align[0] else sensitivities(model, x[: args.n_sens], args, align)[head]
+    for align in args.align:  # another alignment: the headline sigma alone (its other sigmas went unused)
+        s, pairs = sens[head] if align == args.align[0] else measure_sensitivity(
+            model, x[: args.n_sens], sigma=args.sigma[0], reps=args.reps, positions=args.sens_positions, align=align,
+            seed=args.sens_seed)
         final["profiles"][align] = {"sens": s.per_position.tolist(), "pairs": pairs.tolist()}
     results.final(run, final)
     return model

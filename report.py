@@ -562,13 +562,15 @@ def save_figure(fig, path):
 
 
 def plot_curves(ax, histories, x_key, y_key, label, **kw):
-    """Mean over seeds of y_key against x_key, with a +-1 std band; histories are the runs' "history" lists."""
-    rows = [[(h[x_key], h[y_key]) for h in hist if h.get(y_key) is not None] for hist in histories]
-    n = min(len(r) for r in rows)
-    if n == 0:
+    """Mean over seeds of y_key against x_key at the x every run measured it (runs stop at different epochs, and
+    under vision.py --sens-during needed measure at different ones), with a +-1 std band; histories are the runs'
+    "history" lists."""
+    rows = [{h[x_key]: h[y_key] for h in hist if h.get(y_key) is not None} for hist in histories]
+    xs = sorted(set.intersection(*(set(r) for r in rows))) if rows else []
+    if not xs:
         return
-    xs = np.array([x for x, _ in rows[0][:n]], dtype=float)
-    ys = np.array([[y for _, y in r[:n]] for r in rows], dtype=float)  # (seeds, points)
+    ys = np.array([[r[x] for x in xs] for r in rows], dtype=float)  # (seeds, points)
+    xs = np.array(xs, dtype=float)
     mean, std = ys.mean(0), ys.std(0)
     line, = ax.plot(xs, mean, label=label, **kw)
     if len(ys) > 1:
@@ -630,7 +632,7 @@ def draw_vision(data, folder, plt):
         fig, ax = plt.subplots(figsize=(5, 4))  # App. A.1: compare at equal train accuracy
         for i, (name, runs) in enumerate(groups.items()):
             for j, r in enumerate(runs):
-                h = r["history"]
+                h = [x for x in r["history"] if "sens" in x]  # (--sens-during needed measures a few)
                 ax.plot([x["train_acc"] for x in h], [x["sens"] for x in h], ".-", color=f"C{i}", alpha=0.7,
                         label=name if j == 0 else None)
         ax.set_xlabel("train accuracy")

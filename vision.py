@@ -109,6 +109,10 @@ def add_flags(p):
     g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many patches per image")
     g.add_argument("--n-sens", type=positive_int, default=500, help="training images the sensitivity is measured on")
     g.add_argument("--eval-every", type=positive_int, default=5, help="epochs between evaluations [author code]")
+    g.add_argument("--sens-during", type=str, default="every", choices=["every", "needed"],
+                   help="the sensitivity during training: at every evaluation (the curves of sensitivity.png), or "
+                   "only where a reported number reads it: the last evaluation and the two around each --match-acc "
+                   "crossing (the same numbers, a fraction of the evaluations' time)")
     g.add_argument("--flat-patches", type=nonnegative_float, default=None, help="also measure the final model "
                    "(patch mask, first sigma) on the flat and the other patches apart: flat if the clean patch's "
                    "pixel std is below this, on the [-1, 1] scale")
@@ -563,6 +567,23 @@ def measure_sensitivity(model, images, *, patch, sigmas, masks, seed, reps=1, po
 key = "{}:{:g}".format  # key(mask, sigma): how metrics.json names a measurement, 'patch:0.1'
 
 
+def measure_during(model, images, args):
+    """The measurement of an evaluation during training: the first --mask at every --sigma (the --sweep and the other
+    masks come at the end)."""
+    return measure_sensitivity(model, images, patch=args.sens_patch, sigmas=args.sigma, masks=args.mask[:1],
+                               seed=args.sens_seed, reps=args.reps, positions=args.sens_positions)
+
+
+def logged(sens, head):
+    """A history row's sensitivity entries: sens@<mask>:<sigma> and its standard error for each measurement, and
+    the headline one (`head`, the first mask and sigma) as "sens"."""
+    row = {}
+    for (mask, sigma), s in sens.items():
+        row[f"sens@{key(mask, sigma)}"], row[f"sens_stderr@{key(mask, sigma)}"] = s.mean, s.stderr
+    row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
+    return row
+
+
 def scattered_copies(images, p, sigma, draws, generator):
     """`draws` noisy copies of a batch, draw-major: copy d * B + b is image b with N(0, sigma^2) noise on every
     channel of the pixels of mask d, shared by the batch, which p^2 (row, column) pairs drawn with replacement
@@ -646,9 +667,10 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     sens_images = normalize(x[: args.n_sens])  # a fixed subset of the (already shuffled) training set
     steps_per_epoch = math.ceil(len(x) / args.batch_size)  # the last batch of an epoch may be smaller
     num_steps = args.steps or args.epochs * steps_per_epoch  # --steps: the last epoch may be partial
-    start = 0
+    start, skipped = 0, None  # skipped: the weights at the last evaluation, if its sensitivity was not measured
     if snap := results.resume(run, "epoch"):  # checkpoints are taken at the end of an epoch
         start = min(restore(snap, model, opt, generators) * steps_per_epoch, num_steps)
+        skipped = snap.get("skipped")
     rank, world = ranks()
     fwd = for_training(model, device, compile_model=args.compile)  # DDP under torchrun, and/or compiled
     measured = model if world > 1 else fwd  # evaluation and sensitivity are sharded by hand, not through DDP
@@ -667,27 +689,37 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
             if step > start and results.diverged(run, epoch, all_sum(loss.item())[0] / world, "epoch"):
                 return None  # the last batch's loss, averaged over ranks
             evaluating = epoch % args.eval_every == 0 or step == num_steps
-            results.checkpoint(run, epoch, evaluating, args.save_every, model, opt, generators)  # for --resume
+            results.checkpoint(run, epoch, evaluating, args.save_every, model, opt, generators,  # for --resume
+                               skipped=skipped)
             if evaluating:
                 row = {"epoch": epoch, "step": step}
                 row["train_loss"], row["train_acc"] = evaluate(measured, x, y)  # on the whole training subset
                 if results.diverged(run, epoch, row["train_loss"], "epoch"):
                     return None
                 row["test_loss"], row["test_acc"] = evaluate(measured, data["test_x"], data["test_y"])
-                # during training: the first mask at every --sigma (the --sweep and other masks come at the end)
-                sens = measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=args.sigma,
-                                           masks=args.mask[:1], seed=args.sens_seed, reps=args.reps,
-                                           positions=args.sens_positions)
-                for (mask, sigma), s in sens.items():
-                    row[f"sens@{key(mask, sigma)}"], row[f"sens_stderr@{key(mask, sigma)}"] = s.mean, s.stderr
-                row["sens"], row["sens_stderr"] = sens[head].mean, sens[head].stderr
+                history = results.data["runs"][str(run)]["history"]
+                # --until-acc / --patience: the end point, read off the history (so --resume stops where it would have)
+                stop = report.end_point(history + [row], args.until_acc, args.patience)
+                # the --match-acc levels first reached now: their sensitivity is read between this evaluation and the
+                # one before (report.at_train_accuracy), so under --sens-during needed that one is measured now
+                crossed = [a for a in args.match_acc if max((h["train_acc"] for h in history), default=-1) < a
+                           <= row["train_acc"]]
+                if crossed and skipped is not None:  # its weights were kept for this: measured, then put back
+                    now = {k: v.clone() for k, v in model.state_dict().items()}
+                    model.load_state_dict(skipped)
+                    history[-1].update(logged(measure_during(measured, sens_images, args), head))
+                    model.load_state_dict(now)
+                skipped = None
+                if args.sens_during == "every" or crossed or stop or step == num_steps:
+                    sens = measure_during(measured, sens_images, args)
+                    row.update(logged(sens, head))
+                else:  # not measured: kept in case the next evaluation crosses a --match-acc level
+                    skipped = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 row["time"] = time.time() - t0
                 results.log(run, row)  # metrics.json is rewritten now: Ctrl-C loses nothing measured
-                # --until-acc / --patience: the end point, read off the history (so --resume stops where it would have)
-                stop = report.end_point(results.data["runs"][str(run)]["history"], args.until_acc, args.patience)
+                said = f"sens {row['sens']:.4f} +- {row['sens_stderr']:.4f}" if "sens" in row else "sens not measured"
                 print(f"{run} epoch {epoch:3d} | train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f} | "
-                      f"test acc {row['test_acc']:.4f} | sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | "
-                      f"{row['time']:.0f}s")
+                      f"test acc {row['test_acc']:.4f} | {said} | {row['time']:.0f}s")
             if step == num_steps or evaluating and stop:
                 progress.end_early()  # the progress lines now say "final measurements"
                 break

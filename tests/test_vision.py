@@ -646,3 +646,63 @@ def test_flat_patches_flag_adds_the_two_measurements_to_the_final_numbers(tmp_pa
                                        masks=["flat"], seed=7, flat=0.01)
     assert final["per_image"]["flat:3"] == [round(v, 6) for v in again["flat", 3].per_input.tolist()]
     assert final["per_image"]["object:3"] == [round(v, 6) for v in again["object", 3].per_input.tolist()]
+
+
+LAZY = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "8", "--eval-every", "1",
+        "--n-train", "60", "--n-test", "20", "--n-sens", "4", "--batch-size", "20", "--sigma", "1", "3", "--lr",
+        "0.05", "--match-acc", "0.45", "0.7", "--sweep"]  # train accuracy 0.12, 0.25, 0.47, ... 0.72 (epoch 6), 0.78
+
+
+def without_sens(row):
+    return {k: v for k, v in row.items() if not k.startswith("sens") and k != "time"}
+
+
+def test_sens_during_needed_gives_the_numbers_of_measuring_every_evaluation(tmp_path):
+    """--sens-during needed measures the sensitivity during training at the last evaluation and at the two around
+    each --match-acc crossing only: training is unchanged (every accuracy and loss), the rows it measures and every
+    final number (the sweep, the per-image flips, the matched-accuracy readings) equal those of a run measuring every
+    evaluation, and it skips the others (here epochs 0, 3, 4 and 7 of 0-8)."""
+    runs = {}
+    for mode in ["every", "needed"]:
+        argv = LAZY + ["--sens-during", mode, "--out-dir", str(tmp_path), "--run-name", mode]
+        runs[mode] = vision.main(vision.parse_args(argv))["runs"]["mlp/seed0"]
+    every, needed = runs["every"], runs["needed"]
+    assert [without_sens(h) for h in needed["history"]] == [without_sens(h) for h in every["history"]]
+    measured = [h["epoch"] for h in needed["history"] if "sens" in h]
+    assert measured == [1, 2, 5, 6, 8]  # around 0.45 (epochs 1-2) and 0.7 (5-6), and the last
+    for h in needed["history"]:
+        if "sens" in h:
+            assert {k: v for k, v in h.items() if k != "time"} == \
+                {k: v for k, v in every["history"][h["epoch"]].items() if k != "time"}
+        else:
+            assert not any(k.startswith("sens") for k in h)
+    assert needed["final"]["match_acc"]["0.7"] is not None and needed["final"] == every["final"]
+
+
+class Killed(BaseException):
+    """kill -9: neither Ctrl-C nor an error, so nothing more is written."""
+
+
+def test_sens_during_needed_resumes_with_the_weights_it_kept(tmp_path, monkeypatch):
+    """kill -9 right after the checkpoint at the top of epoch 6, whose evaluation crosses 0.7 (epoch 5's sensitivity
+    was not measured): the checkpoint keeps epoch 5's weights, so the resumed run measures them at the crossing and
+    ends with the numbers of an uninterrupted run."""
+    argv = LAZY + ["--sens-during", "needed", "--out-dir", str(tmp_path), "--save-every", "1"]
+    whole = vision.main(vision.parse_args(argv + ["--run-name", "whole"]))
+    real, calls = Results.write_checkpoint, []
+
+    def write_then_die(self):
+        real(self)
+        calls.append(1)
+        if len(calls) == 7:  # epochs 0-6
+            raise Killed
+
+    monkeypatch.setattr(Results, "write_checkpoint", write_then_die)
+    with pytest.raises(Killed):
+        vision.main(vision.parse_args(argv + ["--run-name", "cut"]))
+    monkeypatch.undo()
+    cut = json.loads((tmp_path / "vision" / "cut" / "metrics.json").read_text())["runs"]["mlp/seed0"]["history"]
+    assert [h["epoch"] for h in cut] == [0, 1, 2, 3, 4, 5] and "sens" not in cut[-1]  # epoch 5: weights kept only
+    resumed = vision.main(vision.parse_args(["--resume", str(tmp_path / "vision" / "cut")]))
+    drop = lambda r: ([{k: v for k, v in h.items() if k != "time"} for h in r["history"]], r["final"])  # noqa: E731
+    assert drop(resumed["runs"]["mlp/seed0"]) == drop(whole["runs"]["mlp/seed0"])
