@@ -105,6 +105,9 @@ def parse_args(argv=None):
                    "validation, App. A.4)")
     g.add_argument("--eval-every", type=positive_int, default=625, help="AdamW steps between evaluations (and at "
                    "initialisation and the end); 625 steps of 32 = 20,000 examples")
+    g.add_argument("--sens-during", type=str, default="every", choices=["every", "needed"], help="every --sigma at "
+                   "every evaluation, or (needed) at initialisation and the end, with the first sigma alone between "
+                   "(its curve is Fig. 7's; the paired differences are read at the two ends)")
     g.add_argument("--align", nargs="+", default=["right"], choices=["right", "left"], help="per-position profile "
                    "counted from the end (right, as the paper) or from the start; the first through training, every "
                    "one on the final models")
@@ -570,11 +573,11 @@ def measure_sensitivity(model, tokens, *, sigma, reps, positions, align, seed, p
 # training
 
 
-def sensitivities(model, tokens, args, align):
-    """{f"{sigma:g}": (Sensitivity, pairs reaching each position)} at every --sigma, with the same noise (--sens-seed)
-    for every model."""
+def sensitivities(model, tokens, args, align, sigmas=None):
+    """{f"{sigma:g}": (Sensitivity, pairs reaching each position)} at every --sigma (or the `sigmas` given), with the
+    same noise (--sens-seed) for every model."""
     return {f"{sigma:g}": measure_sensitivity(model, tokens, sigma=sigma, reps=args.reps, positions=args.sens_positions,
-                                              align=align, seed=args.sens_seed) for sigma in args.sigma}
+                                              align=align, seed=args.sens_seed) for sigma in sigmas or args.sigma}
 
 
 def train_one(name, attn, seed, args, data, vocab, results):
@@ -615,11 +618,13 @@ def train_one(name, attn, seed, args, data, vocab, results):
             if results.diverged(run, step, row["train_loss"]):
                 return None
             row["test_loss"], row["test_acc"], _ = evaluate(model, *data["test"])
-            sens = sensitivities(model, x[: args.n_sens], args, args.align[0])  # a fixed subset of the training pairs
+            ends = args.sens_during == "every" or step in (0, num_steps)  # else the headline sigma alone
+            sens = sensitivities(model, x[: args.n_sens], args, args.align[0], None if ends else args.sigma[:1])
             for key, (s, _) in sens.items():
                 row[f"sens@{key}"], row[f"sens_stderr@{key}"] = s.mean, s.stderr
             if args.sens_test:
-                for key, (s, _) in sensitivities(model, data["test"][0][: args.n_sens], args, args.align[0]).items():
+                for key, (s, _) in sensitivities(model, data["test"][0][: args.n_sens], args, args.align[0],
+                                                 None if ends else args.sigma[:1]).items():
                     row[f"sens_test@{key}"], row[f"sens_test_stderr@{key}"] = s.mean, s.stderr
             row["sens"], row["sens_stderr"] = row[f"sens@{head}"], row[f"sens_stderr@{head}"]
             row["time"] = time.time() - t0

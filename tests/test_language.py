@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import language
 import report
+from runs import strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
          ("Stocks fell 3% today.", "The weather was sunny, they said.", 0),
@@ -444,3 +445,23 @@ def test_the_fake_task_is_learnable_pairs_made_offline():
     assert len(pairs) == 200 and pairs == language.fake_pairs(200, 0) and pairs != language.fake_pairs(200, 1)
     assert all((a.split()[0] == b.split()[0]) == bool(y) for a, b, y in pairs)
     assert 60 < sum(y for *_, y in pairs) < 140  # both labels
+
+
+def test_sens_during_needed_measures_every_sigma_at_the_two_ends_only(tmp_path):
+    """--sens-during needed: every --sigma at initialisation and at the end, the headline sigma alone between; the
+    training, the headline curve and every final and initial number (the paired differences' inputs, the profiles)
+    equal those of a run measuring every sigma at every evaluation."""
+    argv = ["--task", "fake", "--model", "roberta", "--dim", "16", "--heads", "2", "--depth", "1", "--eval-every",
+            "4", "--epochs", "1", "--lr", "1e-3", "--n-sens", "30", "--sens-positions", "3", "--sigma", "3", "30",
+            "--align", "right", "left", "--out-dir", str(tmp_path)]
+    runs = {mode: language.main(language.parse_args(argv + ["--sens-during", mode, "--run-name", mode]))["runs"]
+            ["roberta-softmax/seed0"] for mode in ["every", "needed"]}
+    every, needed = runs["every"]["history"], runs["needed"]["history"]
+    assert [h["step"] for h in needed] == [0, 4, 8, 12, 13]
+    for a, b in zip(every, needed):
+        mid = b["step"] not in (0, 13)
+        assert ("sens@30" in b) == (not mid) and "sens@3" in b
+        assert {k: v for k, v in a.items() if k != "time" and not (mid and k.endswith("@30"))} == \
+            {k: v for k, v in b.items() if k != "time"}
+    assert strict_json(runs["needed"]["final"]) == strict_json(runs["every"]["final"])  # (NaN as null)
+    assert needed[-1]["sens@30"] > needed[0]["sens@3"] > 0  # not vacuous: flips at both sigmas
