@@ -454,16 +454,16 @@ CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "syntheti
 
 def claims(out_dir):
     """Print the numbers of every claims-table row from the folders under out_dir (bash reproduce.sh's): one block
-    per row, headed by the row and the folder; a row whose folder is missing says so."""
-    for row, folder, show in CLAIMS:
+    per row, headed by the row and the folder (relative to out_dir); a row whose folder is missing says so."""
+    for row, folder, show in CLAIMS:  # each named by its folder under out_dir, so the text is the same from anywhere
         path = os.path.join(out_dir, folder)
         if not os.path.isfile(os.path.join(path, "metrics.json")):
-            print(f"[{row}] {path}: not run")
+            print(f"[{row}] {folder}: not run")
             continue
         data = load_results(path)
         n = len({identity(run, r)[1] for run, r in data["runs"].items()})
         k = len(data.get("sources", [path]))
-        print(f"[{row}] {path} (" + (f"{seeds(n)}, " if n else "") + f"{k} folder{'s' if k > 1 else ''})")
+        print(f"[{row}] {folder} (" + (f"{seeds(n)}, " if n else "") + f"{k} folder{'s' if k > 1 else ''})")
         show(data)
 
 
