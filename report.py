@@ -281,7 +281,7 @@ def robustness_summary(data):
 def parity_summary(data):
     """Per run: the final count, when test accuracy passed 95%, and the plateau before it (plateau()); per setting
     over seeds: the final count and its part on the relevant bits (mean +- s.e.), and how many seeds learned."""
-    groups = {}
+    groups, every = {}, []
     for run, r in data["runs"].items():
         name, seed = identity(run, r)
         groups.setdefault(name, []).append((seed, r))
@@ -290,6 +290,7 @@ def parity_summary(data):
             if not r["history"]:
                 continue
             p, f = plateau(r["history"]), r["final"]
+            every.append((p, f))
             end = (f"count {f['sens_count']:.3f} +- {f['sens_count_stderr']:.3f} (relevant bits "
                    f"{f['sens_relevant']:.3f}), test acc {f['test_acc']:.3f}" if f else "unfinished")
             rho = f"{p['spearman']:+.2f}" if p["spearman"] is not None else "undefined"
@@ -304,6 +305,21 @@ def parity_summary(data):
             print(f"{name} ({seeds(len(finals))}) | count {mean_se([f['sens_count'] for f in finals], '.3f')} | on "
                   f"the relevant bits {mean_se([f['sens_relevant'] for f in finals], '.3f')} | test acc > 0.95 at "
                   f"the end in {learned} of {len(finals)}")
+    done = [(p, f) for p, f in every if f]
+    if len(groups) > 1 and done:  # the claim over every setting and seed
+        args = data.get("args", {})
+        learned = [f for _, f in done if f["test_acc"] > 0.95]
+        zero = [p["zero"] / p["evals"] for p, _ in done if p["evals"]]
+        rho = [p["spearman"] for p, _ in done if p["spearman"] is not None]
+        span = lambda v, fmt: f"{min(v):{fmt}} to {max(v):{fmt}}" if v else "none"  # noqa: E731
+        print(f"all {len(done)} runs (n {args.get('n')}, k {args.get('k')}, {args.get('steps')} steps) | learned "
+              f"(test acc > 0.95 at the end) {len(learned)} of {len(done)}, their count "
+              f"{span([f['sens_count'] for f in learned], '.3f')}, on the relevant bits "
+              f"{span([f['sens_relevant'] for f in learned], '.3f')} | plateau: count 0 at "
+              f"{span([100 * z for z in zero], '.0f')}% of its evaluations, its largest count "
+              f"{span([p['max'] for p, _ in done], '.1f')} | Spearman with step positive in "
+              f"{sum(r > 0 for r in rho)} of {len(done)} ({span(rho, '+.2f')}) | second half above the first in "
+              f"{sum(p['halves'][1] > p['halves'][0] for p, _ in done)} of {len(done)}")
 
 
 def summary(data):

@@ -207,3 +207,26 @@ def test_parity_summary_per_run_and_per_setting(capsys):
     assert "setting4/seed1:" in out and "from step 10; plateau 1 evaluations: count 0 at 1" in out
     assert ("setting4 (3 seeds) | count 3.000 +- 0.577 | on the relevant bits 1.000 +- 0.000 | test acc > 0.95 at the "
             "end in 2 of 3") in out
+
+
+def test_parity_summary_over_every_setting(capsys):
+    """With several settings merged, one line over every run: how many learned and their final counts, the share of
+    plateau evaluations at count 0 and its largest count, how many rank correlations with the step are positive, and
+    how many second halves are above their first."""
+    import report
+
+    def run(setting, counts, acc):
+        hist = [{"step": 100 * i, "test_acc": 0.5, "sens_count": c, "sens_relevant": c / 4} for i, c in
+                enumerate(counts)] + [{"step": 900, "test_acc": acc, "sens_count": 3.0 * (acc > 0.95),
+                                       "sens_relevant": 3.0 * (acc > 0.95)}]
+        final = {"sens_count": 3.0 if acc > 0.95 else 1.0, "sens_count_stderr": 0.0, "sens_relevant": 3.0,
+                 "test_acc": acc}
+        return f"setting{setting}/seed0", {"model": f"setting{setting}", "seed": 0, "history": hist, "final": final}
+
+    runs = dict([run(1, [0.0, 0.0, 1.0, 2.0], 1.0), run(3, [2.0, 1.0, 0.0, 0.0], 0.5)])
+    report.summary({"script": "parity", "args": {"n": 20, "k": 3, "steps": 900}, "runs": runs})
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out == ("all 2 runs (n 20, k 3, 900 steps) | learned (test acc > 0.95 at the end) 1 of 2, their count "
+                   "3.000 to 3.000, on the relevant bits 3.000 to 3.000 | plateau: count 0 at 50 to 60% of its "
+                   "evaluations, its largest count 2.0 to 2.0 | Spearman with step positive in 1 of 2 (-0.89 to +0.95)"
+                   " | second half above the first in 1 of 2")
