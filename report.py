@@ -459,6 +459,7 @@ def time_split(data):
 CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "synthetic/fig12", synthetic_claim),
           ("vision3k", "vision/fmnist-3k", summary), ("converged", "vision/converged-3seeds", summary),
           ("vitsize", "vision/vit-size-d8h32", summary), ("vitsize", "vision/vit-size-d4h4", summary),
+          ("vitsize", "vision/vit-size", summary),
           ("datascale", "vision/fmnist-scale3", summary), ("mechanism", "vision/mechanism", summary),
           ("mechanism", "vision/mechanism-npn", summary), ("mechanism", "vision/paper-sgd", summary),
           ("mnist01", "vision/mnist01", summary), ("fig4", "vision/cifar10-fig4", summary),
@@ -535,9 +536,16 @@ def merge(folders, vary=()):
     if all(d.get("data") == loaded[0].get("data") for d in loaded) and "data" in loaded[0]:
         out["data"] = loaded[0]["data"]  # the same data in every folder (not a data-scale study)
     by_size = {}  # vision.py's --n-train sizes; one group for the other scripts
+    names = Counter(run for d in loaded for run in d["runs"])
     for folder, d in zip(folders, loaded):
         runs = by_size.setdefault(d.get("data", {}).get("n_train", 0) if script == "vision" else 0, {})
         for run, r in d["runs"].items():
+            values = [f"{v}={d['args'].get(flag_key(v))}" for v in vary
+                      if len({str(e["args"].get(flag_key(v))) for e in loaded}) > 1]
+            if names[run] > 1 and values:  # one model in folders that differ in a varied flag (a size study): named
+                model, seed = identity(run, r)  # by the values it was run with, vit[depth=8,heads=32,dim-head=64]
+                model += f"[{','.join(values)}]"
+                run, r = f"{model}/seed{seed}", {**r, "model": model, "seed": seed}
             if run in runs:
                 raise ValueError(f"{run} is in more than one of the folders ({folder})")
             runs[run] = r

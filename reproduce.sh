@@ -187,11 +187,14 @@ row vitsize 34 "Sec. 5: the authors' ViT size against ours (1 seed)"
 do_vitsize() {
   local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
     --sweep --mask patch global --n-sens 100 $needed --seeds 0"
-  run vit-d8h32 vision.py $c --model vit --depth 8 --heads 32 --dim-head 64 --optimizer adam --lr 1e-3 $V
+  local large="--depth 8 --heads 32 --dim-head 64"
+  [ "$scale" = smoke ] && large="--depth 2 --heads 2 --dim-head 8"  # (smoke: still another size than the small one)
+  run vit-d8h32 vision.py $c --model vit --optimizer adam --lr 1e-3 $V $large
   run vit-d4h4 vision.py $c --model vit --depth 4 --heads 4 --dim-head 16 --optimizer adam --lr 1e-3 $V
   run mlp vision.py $c --model mlp $V
   merge vit-size-d8h32 vision "$out"/vision/{vit-d8h32,mlp} --vary model depth heads dim-head optimizer lr
   merge vit-size-d4h4 vision "$out"/vision/{vit-d4h4,mlp} --vary model depth heads dim-head optimizer lr
+  merge vit-size vision "$out"/vision/{vit-d8h32,vit-d4h4} --vary depth heads dim-head  # the two ViTs, paired
 }
 
 row datascale 90 "Sec. 5: the same with 10,000 and 60,000 images (3 seeds per size; needs vision3k)"

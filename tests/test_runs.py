@@ -282,6 +282,25 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
     assert (tmp_path / "vision" / "scale" / "data_scale.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
+def test_report_merges_one_model_at_two_sizes_named_by_its_flags(tmp_path):
+    """The same model in folders that differ in a flag the merge varies (the MLP at two widths, as the ViT at two
+    sizes in reproduce.sh's vitsize row) is named by its values there and paired like two models: the difference is
+    the two runs' per-image flips apart, on the same images and noise. Without --vary the merge refuses them."""
+    one = vision_run(tmp_path, "w16", "--seeds", "0", "--model", "mlp", "--sigma", "30")
+    two = vision_run(tmp_path, "w64", "--seeds", "0", "--model", "mlp", "--sigma", "30", "--mlp-hidden", "64")
+    merged = report.merge([one, two], vary=["mlp-hidden"])
+    assert set(merged["runs"]) == {"mlp[mlp-hidden=[16]]/seed0", "mlp[mlp-hidden=[64]]/seed0"}
+    assert merged["runs"]["mlp[mlp-hidden=[64]]/seed0"]["model"] == "mlp[mlp-hidden=[64]]"
+    assert merged["paired"]["reference"] == "mlp[mlp-hidden=[16]]"
+    diff = merged["paired"]["models"]["mlp[mlp-hidden=[64]]"]["diff"]["patch:30"]
+    flips = [load_results(f)["runs"]["mlp/seed0"]["final"]["per_image"]["patch:30"] for f in (one, two)]
+    assert diff["mean"] == pytest.approx(sum(b - a for a, b in zip(*flips)) / len(flips[0]))
+    assert any(a != b for a, b in zip(*flips))  # not vacuous: the two widths flip differently
+    with pytest.raises(ValueError, match="different flags"):
+        report.merge([one, two])
+
+
 def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
     """A run in two folders, folders of two scripts, a metrics.json without runs, or one naming no script of this
     repository: each a ValueError naming the problem, nothing drawn."""
