@@ -536,13 +536,14 @@ def merge(folders, vary=()):
     if all(d.get("data") == loaded[0].get("data") for d in loaded) and "data" in loaded[0]:
         out["data"] = loaded[0]["data"]  # the same data in every folder (not a data-scale study)
     by_size = {}  # vision.py's --n-train sizes; one group for the other scripts
-    names = Counter(run for d in loaded for run in d["runs"])
-    for folder, d in zip(folders, loaded):
-        runs = by_size.setdefault(d.get("data", {}).get("n_train", 0) if script == "vision" else 0, {})
+    size = [d.get("data", {}).get("n_train", 0) if script == "vision" else 0 for d in loaded]
+    for folder, d, n in zip(folders, loaded, size):
+        runs = by_size.setdefault(n, {})
         for run, r in d["runs"].items():
+            twins = [e for e, m in zip(loaded, size) if m == n and run in e["runs"]]  # the folders that hold it
             values = [f"{v}={d['args'].get(flag_key(v))}" for v in vary
-                      if len({str(e["args"].get(flag_key(v))) for e in loaded}) > 1]
-            if names[run] > 1 and values:  # one model in folders that differ in a varied flag (a size study): named
+                      if len({str(e["args"].get(flag_key(v))) for e in twins}) > 1]
+            if len(twins) > 1 and values:  # one model in folders that differ in a varied flag (a size study): named
                 model, seed = identity(run, r)  # by the values it was run with, vit[depth=8,heads=32,dim-head=64]
                 model += f"[{','.join(values)}]"
                 run, r = f"{model}/seed{seed}", {**r, "model": model, "seed": seed}
