@@ -76,6 +76,14 @@ def pm(mean, stderr, n=None):
     return f"{mean:+.4f}{se}" + (f" ({n} seed{'s' if n != 1 else ''})" if n is not None else "")
 
 
+def paired_text(d):
+    """pm() of one paired_differences entry; with one seed, its standard error over the inputs instead."""
+    if d["seeds"] == 1 and d.get("per_seed"):
+        mean, se = next(iter(d["per_seed"].values()))
+        return f"{mean:+.4f} +- {se:.4f} (1 seed, s.e. over inputs)"
+    return pm(d["mean"], d["stderr"], d["seeds"])
+
+
 # -----------------------------------------------------------------------------
 # readouts: crossover sigmas, matched train accuracy, grokking's phases
 
@@ -340,11 +348,11 @@ def summary(data):
         for n, p in data["data_scale"].items():
             for name, d in p["models"].items():
                 print(f"{n} images | {name} - {p['reference']} | " + " | ".join(
-                    f"{k} {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()))
+                    f"{k} {paired_text(v)}" for k, v in d["diff"].items()))
     elif script == "vision" and data.get("paired"):
         p = data["paired"]
         for name, d in p["models"].items():
-            parts = [f"{k} {pm(v['mean'], v['stderr'], v['seeds'])}" for k, v in d["diff"].items()]
+            parts = [f"{k} {paired_text(v)}" for k, v in d["diff"].items()]
             cross = {m: [f"{s:.3g}" for s in v] for m, v in d["crossover"].items() if v}
             parts += [f"level at sigma {cross}"] if cross else []
             print(f"{name} - {p['reference']} | " + " | ".join(parts))
@@ -374,7 +382,7 @@ def summary(data):
         for when in ["init", "final"]:
             p = data.get("paired", {}).get(when) or {}
             for name, d in p.get("models", {}).items():
-                parts = [f"sigma {k}: {pm(v['mean'], v['stderr'], v['seeds'])} per seed "
+                parts = [f"sigma {k}: {paired_text(v)} per seed "
                          + ", ".join(f"{m:+.4f}" for m, _ in v["per_seed"].values()) for k, v in d["diff"].items()]
                 print(f"{when} {name} - {p['reference']} | " + " | ".join(parts))
     elif script == "robustness":

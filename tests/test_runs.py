@@ -458,3 +458,15 @@ def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     assert out["a"]["mean_corruption_acc"] == pytest.approx([0.8, 0.1]) and out["b"]["sens"] == [0.5, None]
     assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
     assert "a (2 seeds) | sens 0.2000 +- 0.1000" in capsys.readouterr().out
+
+
+def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():
+    """A paired difference of one seed has no standard error over seeds: the summary gives its standard error over
+    the inputs and says so; with two seeds, the error over seeds."""
+    from common import paired_differences
+
+    one = paired_differences({("a", 0): {"k": [0, 1, 0, 1]}, ("b", 0): {"k": [0, 0, 0, 0]}}, "b")
+    assert report.paired_text(one["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.2887 (1 seed, s.e. over inputs)"
+    two = paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
+                              ("b", 1): {"k": [0, 0]}}, "b")
+    assert report.paired_text(two["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.5000 (2 seeds)"
