@@ -685,6 +685,7 @@ class Results:
         self.latest = None  # (run, snapshot) of the latest training state, written by Ctrl-C
         self.resume_point = None
         self.device, self.current = torch.device(device), None  # current: the Progress of the run training now
+        self.ended = None  # the Progress of the run whose training ended last
         if resume:
             self.data = load_results(self.path, script)
             self.data.pop("interrupted", None)
@@ -717,8 +718,9 @@ class Results:
         record["final"].update(values)
         args = self.data["args"]  # what its numbers were measured under, kept beside them (a merge keeps it)
         record["measured_under"] = {k: args[k] for k in MEASURED_UNDER if k in args}
-        if self.current is not None and self.current.run == str(run):  # where this invocation's time went
-            record["seconds"] = self.current.seconds()
+        timer = self.current or self.ended  # a second final() of a run (robustness.py's measurements) counts too
+        if timer is not None and timer.run == str(run):  # where this invocation's time went
+            record["seconds"] = timer.seconds()
         self.save()
         self.stop_progress()
 
@@ -735,7 +737,7 @@ class Results:
     def stop_progress(self):
         if self.current is not None:
             self.current.stop()
-            self.current = None
+            self.ended, self.current = self.current, None
 
     def finished(self, run, key=None):
         """Whether a resumed run already has its final numbers (final[key] when given) or diverged: it is not trained

@@ -3,6 +3,7 @@ sharpness, and end-to-end runs (generated corruptions, a fake 19-file release, t
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -69,6 +70,19 @@ def test_end_to_end_and_from_vision(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch):
+    """The final measurements come after vision.train has ended the run's training: their time is still the run's
+    (reproduce.sh's CPU minutes read it), not lost."""
+    real = R.evaluate_model
+    monkeypatch.setattr(R, "evaluate_model", lambda *a: time.sleep(0.5) or real(*a))
+    argv = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "32", "--n-train", "40",
+            "--n-sens", "4", "--epochs", "1", "--out-dir", str(tmp_path), "--dataset", "fake28", "--model", "vit",
+            "--variants", "vanilla", "--corruptions", "contrast", "--severities", "1", "--n-corrupt", "10",
+            "--n-sharp", "10", "--sharp-reps", "1", "--run-name", "t"]
+    data = R.main(R.parse_args(argv))
+    assert data["runs"]["vit-vanilla/seed0"]["seconds"]["final"] >= 0.5
+
+
 def test_training_honours_vision_flags(tmp_path, monkeypatch):
     """robustness.py trains through vision.train, so vision's flags (here --optimizer adam) take effect."""
     made = []
