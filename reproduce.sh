@@ -142,18 +142,18 @@ row() { ROWS+=("$1|$2|$3"); }  # row ID CPU-MINUTES TITLE: in --list, and the or
 # -----------------------------------------------------------------------------
 # the rows, in the README's order; CPU minutes are on a 2-core machine, one thread per process
 
-row synthetic 2 "Sec. 4.1, Fig. 3: one attention layer learns the lower-sensitivity feature"
+row synthetic 1 "Sec. 4.1, Fig. 3: one attention layer learns the lower-sensitivity feature"
 do_synthetic() {
   run cases synthetic.py $S
 }
 
-row fig12 11 "Fig. 12: the same in three more settings per case"
+row fig12 5 "Fig. 12: the same in three more settings per case"
 do_fig12() {
   for s in $seeds; do run fig12-seed$s synthetic.py --fig12 --seeds $s $S; done
   merge fig12 synthetic $(per_seed "$out"/synthetic/fig12-seed%)
 }
 
-row vision3k 150 "Sec. 5: ViT vs MLPs and CNN on Fashion-MNIST, 900 SGD steps (3 seeds)"
+row vision3k 71 "Sec. 5: ViT vs MLPs and CNN on Fashion-MNIST, 900 SGD steps (3 seeds)"
 do_vision3k() {
   for s in $seeds; do
     run fmnist-3k-seed$s vision.py $fmnist --model vit vit-simple mlp mlp-sigmoid cnn --lr cnn=0.05 mlp-sigmoid=1.0 \
@@ -183,7 +183,7 @@ do_converged() {
     --vary model optimizer lr
 }
 
-row vitsize 34 "Sec. 5: the authors' ViT size against ours (1 seed)"
+row vitsize 14 "Sec. 5: the authors' ViT size against ours (1 seed)"
 do_vitsize() {
   local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
     --sweep --mask patch global --n-sens 100 $needed --seeds 0"
@@ -197,7 +197,7 @@ do_vitsize() {
   merge vit-size vision "$out"/vision/{vit-d8h32,vit-d4h4} --vary depth heads dim-head  # the two ViTs, paired
 }
 
-row datascale 90 "Sec. 5: the same with 10,000 and 60,000 images (3 seeds per size; needs vision3k)"
+row datascale 51 "Sec. 5: the same with 10,000 and 60,000 images (3 seeds per size; needs vision3k)"
 do_datascale() {
   for n in $big; do for s in $seeds; do
     run fmnist-$n-seed$s vision.py $fmnist --model vit mlp mlp-sigmoid cnn --lr cnn=0.05 mlp-sigmoid=1.0 --steps 900 \
@@ -231,7 +231,7 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
     --vary model epochs patience momentum
 }
 
-row mnist01 8.4 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
+row mnist01 3.2 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
 do_mnist01() {
   local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000 --epochs 10
     --eval-every 2 --depth 4 --heads 4 --dim-head 16 --sigma 1 3 --sweep --mask patch scattered --match-acc 0.99
@@ -262,13 +262,13 @@ do_parity() {
   merge settings-3seeds parity $(for st in 1 3 4 5 6; do per_seed "$out"/parity/s$st-seed%; done) --vary setting
 }
 
-row grokking 79 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
+row grokking 240 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
 do_grokking() {
   for s in $seeds; do run grok-seed$s grokking.py --seeds $s $G; done
   merge grokking-3seeds grokking $(per_seed "$out"/grokking/grok-seed%)
 }
 
-row mrpc 350 "Sec. 6, App. A.4: RoBERTa, ReLU-RoBERTa, GPT-2 and the LSTM on MRPC, the paper's split (3 seeds)"
+row mrpc 198 "Sec. 6, App. A.4: RoBERTa, ReLU-RoBERTa, GPT-2 and the LSTM on MRPC, the paper's split (3 seeds)"
 do_mrpc() {
   [ "$scale" = smoke ] || need glue/MRPC/msr_paraphrase_train.txt "GLUE MRPC (language.py --download)" || return 0
   # between initialisation and the end the headline sigma alone: its curve is the row's "from 18k examples on"
@@ -309,7 +309,7 @@ do_qqp() {
   merge qqp-3seeds language $(per_seed "$out"/language/qqp-seed%)
 }
 
-row robustness 66 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds)"
+row robustness 32 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds)"
 do_robustness() {
   local frost="" c
   [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost, so no frost corruption"
