@@ -271,7 +271,7 @@ do_grokking() {
 row mrpc 198 "Sec. 6, App. A.4: RoBERTa, ReLU-RoBERTa, GPT-2 and the LSTM on MRPC, the paper's split (3 seeds)"
 do_mrpc() {
   [ "$scale" = smoke ] || need glue/MRPC/msr_paraphrase_train.txt "GLUE MRPC (language.py --download)" || return 0
-  # between initialisation and the end the headline sigma alone: its curve is the row's "from 18k examples on"
+  # between initialisation and the end the headline sigma alone: its curve is the row's "from 17,968 examples on"
   local c="--data-dir $data/glue --task mrpc --fused --epochs 10 --n-sens 300 --sens-positions 8 --eval-every 188
     --sigma 3.872983346207417 2 --sens-during needed --align right left"
   for s in $seeds; do

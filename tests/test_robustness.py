@@ -69,7 +69,6 @@ def test_end_to_end_and_from_vision(tmp_path):
     assert set(data["runs"]) == {"mlp-vanilla/seed0"} and "shop" in data["runs"]["mlp-vanilla/seed0"]["final"]
 
 
-@pytest.mark.slow
 def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch):
     """The final measurements come after vision.train has ended the run's training: their time is still the run's
     (reproduce.sh's CPU minutes read it), not lost."""
@@ -83,6 +82,7 @@ def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatc
     assert data["runs"]["vit-vanilla/seed0"]["seconds"]["final"] >= 0.5
 
 
+@pytest.mark.slow
 def test_training_honours_vision_flags(tmp_path, monkeypatch):
     """robustness.py trains through vision.train, so vision's flags (here --optimizer adam) take effect."""
     made = []
