@@ -8,6 +8,7 @@ where train accuracy is 100% and test accuracy is still low, so it tracks the hi
     python grokking.py                         # p = 113, one seed; see the README for the wall time on a CPU
     python grokking.py --seeds 0 1 2
     python grokking.py --p 53 --epochs 6000    # a smaller task that groks sooner
+    python grokking.py --stop-after-grok 1000  # end 1,000 epochs after test accuracy passes 95% (reproduce.sh)
     python report.py out/grokking/p113         # redraw the figure from metrics.json
 """
 
@@ -20,8 +21,8 @@ import torch.nn.functional as F
 
 import report
 from common import gaussian, sensitivity
-from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_float, positive_int,
-                  restore, seed, seed_all, setup, start_run)
+from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, nonnegative_int, parse, positive_float,
+                  positive_int, restore, seed, seed_all, setup, start_run)
 
 
 def parse_args(argv=None):
@@ -37,6 +38,9 @@ def parse_args(argv=None):
     g.add_argument("--no-residual", action="store_true", help="the authors' variant without skip connections")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=positive_int, default=20000, help="full-batch AdamW steps")
+    g.add_argument("--stop-after-grok", type=nonnegative_int, default=None, metavar="EPOCHS",
+                   help="end a run this many epochs after it groks (test accuracy first > 95%%, at an evaluation), "
+                        "before --epochs; default: train every --epochs")
     g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate")
     g.add_argument("--weight-decay", type=nonnegative_float, default=1.0, help="AdamW weight decay")
     g.add_argument("--seeds", type=seed, nargs="+", default=[0], help="initialisation seeds")
@@ -161,6 +165,13 @@ def measure_sensitivity(model, tokens, sigma, reps, seed):
 # training
 
 
+def grokked_for(history, epochs):
+    """--stop-after-grok: whether the run grokked (report.phases) at least `epochs` epochs before its last evaluation.
+    Read off the history, so that a resumed run stops where the uninterrupted one did."""
+    grokked = report.phases(history)[1]
+    return epochs is not None and grokked is not None and history[-1]["epoch"] - grokked >= epochs
+
+
 def train_one(args, seed, data, results, device):
     """Full-batch AdamW on the training pairs; log every --eval-every epochs and at the end."""
     tokens, labels, train = data
@@ -174,7 +185,9 @@ def train_one(args, seed, data, results, device):
         return None
     start = restore(snap, model, opt) if (snap := results.resume(run, "epoch")) else 0
     x, y = tokens[train], labels[train]  # the whole training set is one batch
-    progress = results.progress(run, start, args.epochs, args.eval_every)  # a line every --progress-every seconds
+    # a line every --progress-every seconds; with --stop-after-grok the time to --epochs is an upper bound
+    progress = results.progress(run, start, args.epochs, args.eval_every, early=args.stop_after_grok is not None)
+    hist = results.data["runs"][str(run)]["history"]
     t0, loss = time.time(), None
     for epoch in range(start, args.epochs + 1):
         evaluating = epoch % args.eval_every == 0 or epoch == args.epochs
@@ -190,16 +203,18 @@ def train_one(args, seed, data, results, device):
             print(f"{run} epoch {epoch:6d} | train loss {row['train_loss']:.2e} acc {row['train_acc']:.3f} | test "
                   f"loss {row['test_loss']:.2e} acc {row['test_acc']:.3f} | sens {row['sens']:.4f} joint "
                   f"{row['sens_joint']:.4f} | |w| {row['weight_norm']:.1f} | {row['time']:.0f}s")
+            if grokked_for(hist, args.stop_after_grok):  # nothing left to see: the final numbers are these
+                print(f"{run}: grokked {args.stop_after_grok} epochs ago, stopping at epoch {epoch}")
+                break
         if epoch == args.epochs:
             break
         loss = loss_fn(model(x), y)  # full batch: one step per epoch
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    hist = results.data["runs"][str(run)]["history"]
     memorised, grokked = report.phases(hist)  # the epochs where the plateau starts and ends
     final = {k: row[k] for k in ["sens", "sens_stderr", "sens_joint", "train_acc", "test_acc", "weight_norm"]}
-    final.update(epoch_memorised=memorised, epoch_grokked=grokked, time=row["time"])
+    final.update(epoch_memorised=memorised, epoch_grokked=grokked, epoch_end=row["epoch"], time=row["time"])
     results.final(run, final)
     return final
 
@@ -217,7 +232,7 @@ def main(args):
                 final = train_one(args, seed, data, results, device)
                 if final is not None:
                     print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
-                          f"{final['epoch_grokked']}, {final['time']:.0f}s")
+                          f"{final['epoch_grokked']}, ended at {final['epoch_end']}, {final['time']:.0f}s")
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
         if paths := report.draw(results.data, folder):
             print("wrote", *paths)

@@ -393,8 +393,9 @@ def summary(data):
         for run, r in data["runs"].items():
             f = r["final"]
             if script == "grokking" and f:
+                end = f" at epoch {f['epoch_end']}" if "epoch_end" in f else ""  # (older runs: at --epochs)
                 print(f"{run}: memorised at epoch {f['epoch_memorised']}, grokked at {f['epoch_grokked']}, "
-                      f"sensitivity {f['sens']:.4f}")
+                      f"sensitivity{end} {f['sens']:.4f}")
             elif f.get("sens") is not None:
                 print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}")
 

@@ -263,8 +263,8 @@ do_parity() {
 }
 
 row grokking 240 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
-do_grokking() {
-  for s in $seeds; do run grok-seed$s grokking.py --seeds $s $G; done
+do_grokking() {  # each run ends 1,000 epochs after it groks: every number the row reads is measured by then
+  for s in $seeds; do run grok-seed$s grokking.py --seeds $s --stop-after-grok 1000 $G; done
   merge grokking-3seeds grokking $(per_seed "$out"/grokking/grok-seed%)
 }
 

@@ -143,3 +143,28 @@ def test_a_short_run_memorises(tmp_path):
             "--lr", "1e-2", "--out-dir", str(tmp_path)]
     final = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["final"]
     assert final["train_acc"] == 1.0 and final["test_acc"] < 0.5 and final["epoch_memorised"] <= 300
+
+
+def test_grokked_for_counts_epochs_since_test_accuracy_first_passed_95_percent():
+    hist = [{"epoch": e, "train_acc": 1.0, "test_acc": te} for e, te in [(0, 0.0), (100, 0.96), (200, 0.5), (300, 1.0)]]
+    assert grokking.grokked_for(hist[:2], 0) and not grokking.grokked_for(hist[:2], 1)
+    assert grokking.grokked_for(hist, 200) and not grokking.grokked_for(hist, 201)  # from the first crossing on
+    assert not grokking.grokked_for(hist[:1], 0) and not grokking.grokked_for(hist, None)
+
+
+@pytest.mark.slow
+def test_stop_after_grok_ends_the_run_that_many_epochs_after_grokking(tmp_path, monkeypatch):
+    """--stop-after-grok N: the run ends at the first evaluation N epochs after it grokked, with the numbers of the
+    full run up to there (here "grokked" is faked as epoch 4: a real task groks only after thousands of epochs)."""
+    monkeypatch.setattr(report, "phases", lambda h: (0, next((x["epoch"] for x in h if x["epoch"] >= 4), None)))
+    base = ["--p", "11", "--epochs", "20", "--eval-every", "2", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
+            "--out-dir", str(tmp_path)]
+    full = grokking.main(grokking.parse_args(base + ["--run-name", "full"]))["runs"]["p11/seed0"]
+    stopped = grokking.main(grokking.parse_args(base + ["--run-name", "stopped", "--stop-after-grok", "4"]))
+    run = stopped["runs"]["p11/seed0"]
+    assert [h["epoch"] for h in run["history"]] == [0, 2, 4, 6, 8]
+    assert run["final"]["epoch_end"] == 8 and run["final"]["epoch_grokked"] == 4
+    assert full["final"]["epoch_end"] == 20 and len(full["history"]) == 11
+    drop = lambda h: {k: v for k, v in h.items() if k != "time"}  # noqa: E731
+    assert [drop(h) for h in run["history"]] == [drop(h) for h in full["history"][:5]]
+    assert run["final"]["sens"] == full["history"][4]["sens"]
