@@ -88,6 +88,23 @@ def paired_text(d):
 # readouts: crossover sigmas, matched train accuracy, grokking's phases
 
 
+def own_numbers(data):
+    """Per model, its own final numbers: train and test accuracy, the epoch it stopped at, and its sensitivity at every
+    mask and sigma measured, mean +- s.e. over seeds (one seed: the s.e. over its inputs)."""
+    for name, records in models(data).items():
+        finals = [r["final"] for r in records if r["final"].get("sens_at")]
+        if not finals:
+            continue
+        parts = [f"{k} acc {mean_se([f[f'{k}_acc'] for f in finals], '.3f')}" for k in ["train", "test"]]
+        first, last = min(f["epoch"] for f in finals), max(f["epoch"] for f in finals)
+        parts.append(f"epoch {first:g}" + (f"-{last:g}" if last != first else ""))
+        for key in finals[0]["sens_at"]:
+            at = [f["sens_at"][key] for f in finals if key in f["sens_at"]]
+            parts.append(f"{key} " + (mean_se([a["sens"] for a in at]) if len(at) > 1 else ms(at[0]["sens"],
+                                                                                               at[0]["stderr"])))
+        print(f"{name} ({seeds(len(finals))}) | " + " | ".join(parts))
+
+
 def matched_accuracy(data):
     """Per model and --match-acc level: the epoch and the sensitivities where train accuracy first reaches it
     (at_train_accuracy), mean +- s.e. over the seeds that reach it (App. A.1: models compared at equal accuracy)."""
@@ -350,6 +367,7 @@ def summary(data):
                 print(f"{n} images | {name} - {p['reference']} | " + " | ".join(
                     f"{k} {paired_text(v)}" for k, v in d["diff"].items()))
     elif script == "vision" and data.get("paired"):
+        own_numbers(data)
         p = data["paired"]
         for name, d in p["models"].items():
             parts = [f"{k} {paired_text(v)}" for k, v in d["diff"].items()]

@@ -421,6 +421,25 @@ def test_matched_accuracy_table_over_seeds(capsys):
         "vit at train acc 0.99 (1 of 2 seeds) | epoch 40.0 | patch:0.1 0.2000"]
 
 
+def test_own_numbers_per_model_over_seeds(capsys):
+    """Each model's own final numbers: accuracies and sensitivities as mean +- s.e. over its seeds, the epochs it
+    stopped at; a model of one seed shows its s.e. over the inputs; a run without its sweep is left out."""
+    def run(model, seed, epoch, acc, sens, stderr=0.01):
+        return {"model": model, "seed": seed, "history": [], "final": {
+            "train_acc": acc, "test_acc": acc - 0.1, "epoch": epoch,
+            "sens_at": {"patch:0.1": {"sens": sens, "stderr": stderr}, "flat:0.1": {"sens": 2 * sens, "stderr": 0}}}}
+
+    data = {"runs": {"vit/seed0": run("vit", 0, 45, 0.99, 0.1), "vit/seed1": run("vit", 1, 50, 0.97, 0.3),
+                     "mlp/seed0": run("mlp", 0, 65, 0.95, 0.02, stderr=0.005),
+                     "cnn/seed0": {"model": "cnn", "seed": 0, "history": [], "final": {}}}}
+    report.own_numbers(data)
+    assert capsys.readouterr().out.splitlines() == [
+        "vit (2 seeds) | train acc 0.980 +- 0.010 | test acc 0.880 +- 0.010 | epoch 45-50 | patch:0.1 0.2000 +- 0.1000 "
+        "| flat:0.1 0.4000 +- 0.2000",
+        "mlp (1 seed) | train acc 0.950 | test acc 0.850 | epoch 65 | patch:0.1 0.0200 +- 0.0050 | flat:0.1 0.0400 +- "
+        "0.0000"]
+
+
 def test_run_identity_from_fields_and_from_older_names():
     """A run record's (model, seed) comes from its fields; records written before them are named '<model>/seed<k>'
     (the pretrained models '<model>/pretrained')."""
