@@ -135,7 +135,7 @@ README_ROWS = [["synthetic"], ["fig12"], ["vision3k"], ["converged"], ["converge
                ["mrpc", "mrpcglue"], ["mrpc"], ["qqp"], ["robustness"]]
 # rows whose README numbers come from runs made before tests/claims_cpu.txt kept their claims (RESULTS.md says which
 # commands); every other row's numbers must appear in its claims there
-NOT_IN_CLAIMS_YET = {"mechanism", "parity", "grokking"}
+NOT_IN_CLAIMS_YET = {"parity", "grokking"}
 GPU_ONLY = {"fig4", "qqp"}  # the paper's scale: no number in the README yet
 NOT_A_NUMBER = re.compile(r"`[^`]*`|sqrt\(\d+\)|[A-Za-z]+[-.]\d[\w.-]*")  # code, sqrt(15), GPT-2, CIFAR-10, A.2
 README_NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
@@ -161,26 +161,35 @@ def readme_results():
     return [line.split(" | ")[3] for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("|"))]]
 
 
-def found(number, claims):
-    """Whether a number as the README writes it ('0.027', '-0.004', '3,000', '11') is one of the claims' numbers at the
-    README's precision (its sign in words: 'above by 0.004'); a whole number must be one of them exactly."""
+def same(number, claim):
+    """Whether a number as the README writes it ('0.027', '-0.004', '3,000', '11') is the claim's number at the
+    README's precision (its sign in words: 'above by 0.004'); a whole number must be it exactly."""
     text = number.replace(",", "").lstrip("+-")
     decimals = len(text.split(".")[1]) if "." in text else 0
-    want = float(text)
-    for c in NUMBER_ANY.findall(claims):
-        value = abs(float(c))
-        if (round(value, decimals) == want) if decimals else (value == want and "." not in c):
-            return True
-    return False
+    value = abs(float(claim))
+    return round(value, decimals) == float(text) if decimals else (value == float(text) and "." not in claim)
+
+
+def found(number, claims):
+    """Whether a number of the README is one of the claims' numbers (same())."""
+    return any(same(number, c) for c in NUMBER_ANY.findall(claims))
+
+
+def found_pair(mean, stderr, claims):
+    """Whether 'mean +- stderr' of the README is one of the claims' pairs: both numbers of one 'm +- s' at once (a
+    large block holds most small numbers somewhere; a pair pins the number down)."""
+    return any(same(mean, m) and same(stderr, s) for m, s in PAIR.findall(claims))
 
 
 NUMBER_ANY = re.compile(r"\d+(?:\.\d+)?")
+PAIR = re.compile(r"([-+]?\d+(?:\.\d+)?) ?\+- ?(\d+(?:\.\d+)?)")  # "0.012 +- 0.003", "0.000+-0.000"
 
 
 def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
     """Each number of the README's claims table (its 'our result' column) is printed by `python report.py --claims` on
     the runs of `bash reproduce.sh cpu` for that row (tests/claims_cpu.txt, written from them), at the README's
-    precision; the rows not yet regenerated are named in NOT_IN_CLAIMS_YET, and only those lack claims there."""
+    precision, and each 'mean +- s.e.' of it as one pair there; the rows not yet regenerated are named in
+    NOT_IN_CLAIMS_YET, and only those lack claims there."""
     cells = readme_results()
     assert len(cells) == len(README_ROWS), "a row was added to or removed from the README's table: update README_ROWS"
     stored = stored_claims(CPU_CLAIMS)
@@ -190,7 +199,9 @@ def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
         if set(rows) & (NOT_IN_CLAIMS_YET | GPU_ONLY):
             continue
         claims = "".join(stored[r] for r in rows)
-        lost = [n for n in README_NUMBER.findall(NOT_A_NUMBER.sub(" ", cell)) if not found(n, claims)]
+        text = NOT_A_NUMBER.sub(" ", cell)
+        lost = [f"{m} +- {se}" for m, se in PAIR.findall(text) if not found_pair(m, se, claims)]
+        lost += [n for n in README_NUMBER.findall(PAIR.sub(" ", text)) if not found(n, claims)]
         if lost:
             missing[",".join(rows)] = lost
     assert not missing, f"README numbers not in tests/claims_cpu.txt: {missing}"
