@@ -163,7 +163,7 @@ do_vision3k() {
   merge fmnist-3k vision $(per_seed "$out"/vision/fmnist-3k-seed%)
 }
 
-row converged 76 "Sec. 5 and App. A.2: the same, every model to train accuracy 0.99 (3 seeds)"
+row converged 92 "Sec. 5 and App. A.2: the same, every model to train accuracy 0.99 (3 seeds)"
 # One process per model and seed, named conv-<model>-seed<s>: the mechanism row merges the same ViT, ViT-simple, CNN
 # and MLP runs (a model's numbers do not depend on what else its process trains), so the second row to run skips them.
 converged="$fmnist --n-train 3000 --n-test 2000 --epochs 200 --eval-every 5 --until-acc 0.99 --patience 6 --depth 4
@@ -209,7 +209,7 @@ do_datascale() {
     --vary n-train steps epochs eval-every model lr sigma sweep mask match-acc
 }
 
-row mechanism 290 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
+row mechanism 166 "Why the ViT differs: normalisation ablations, flat patches, the paper's SGD (3 seeds; SGD 1 seed)"
 do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablations of the same protocol
   # the paper's SGD rates (ViT 0.1, CNN 0.005, constant) until train accuracy 0.99: the ViT's 95 epochs are the row's
   # longest run, so it starts first; the CNN needs momentum 0.9 (the paper does not say; the authors' code has none,
