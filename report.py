@@ -436,22 +436,26 @@ def synthetic_claim(data):
     print(f"the model learns the lower-sensitivity feature in every seed in {sum(held)} of {len(held)} settings")
 
 
+def fell_to(history, start, key, share):
+    """The first epoch from `start` on where history's `key` is at most `share` of its value at `start`."""
+    at = next((x[key] for x in history if x["epoch"] == start), None)
+    return None if at is None else first_epoch(history, lambda x: x["epoch"] >= start and x[key] <= share * at)
+
+
 def grokking_claim(data):
-    """Per seed, the epochs where the sensitivity first falls to half its largest value, the weight norm to 0.9 of
-    its value at memorisation, test accuracy past 50% and past 95% (grokked)."""
+    """Per seed, measured from memorisation (train accuracy 100%): the sensitivity there, the epochs where it first
+    falls to half and to a tenth of that, and where the weight norm falls 10%; test accuracy past 50% and past 95%."""
     for run, r in data["runs"].items():
         h = r["history"]
         if not h:
             continue
         memorised, grokked = phases(h)
-        peak = max(x["sens"] for x in h)
-        halved = first_epoch(h, lambda x, peak=peak: x["sens"] <= peak / 2)
-        norm = next((x["weight_norm"] for x in h if x["epoch"] == memorised), None)
-        shrunk = None if norm is None else first_epoch(
-            h, lambda x, norm=norm, at=memorised: x["epoch"] >= at and x["weight_norm"] <= 0.9 * norm)
+        sens = next((f"{x['sens']:.3f}" for x in h if x["epoch"] == memorised), "none")
         half_acc = first_epoch(h, lambda x: x["test_acc"] > 0.5)
-        print(f"{run}: memorised at epoch {memorised}; sensitivity halves by {halved}; weight norm 10% below "
-              f"memorisation's by {shrunk}; test acc > 0.5 from {half_acc}, > 0.95 (grokked) from {grokked}")
+        print(f"{run}: memorised at epoch {memorised} (sensitivity {sens}); sensitivity halves by "
+              f"{fell_to(h, memorised, 'sens', 0.5)}, a tenth by {fell_to(h, memorised, 'sens', 0.1)}; weight norm 10% "
+              f"below memorisation's by {fell_to(h, memorised, 'weight_norm', 0.9)}; test acc > 0.5 from {half_acc}, "
+              f"> 0.95 (grokked) from {grokked}")
 
 
 def robustness_claim(data):

@@ -62,6 +62,21 @@ def test_phases():
     assert report.phases(hist[:2]) == (100, None)
 
 
+
+def test_grokking_claim_measures_the_fall_from_memorisation(capsys):
+    """The claims count the sensitivity's fall from its value at memorisation, not from the start: here it rises
+    from 0.15 to 0.6 at epoch 100, is 0.5 at memorisation (epoch 200), 0.2 at 400 and 0.04 at 500; epoch 0's 0.15 is
+    below half of both but comes before memorisation. The weight norm is 10% below its value at memorisation from
+    500."""
+    rows = [(0, 0.1, 0.0, 0.15, 50), (100, 0.9, 0.0, 0.6, 50), (200, 1.0, 0.0, 0.5, 50), (300, 1.0, 0.1, 0.3, 46),
+            (400, 1.0, 0.6, 0.2, 46), (500, 1.0, 0.97, 0.04, 45)]
+    hist = [dict(epoch=e, train_acc=tr, test_acc=te, sens=s, weight_norm=w) for e, tr, te, s, w in rows]
+    report.grokking_claim({"runs": {"p/seed0": {"history": hist}}})
+    assert capsys.readouterr().out == (
+        "p/seed0: memorised at epoch 200 (sensitivity 0.500); sensitivity halves by 400, a tenth by 500; weight norm "
+        "10% below memorisation's by 500; test acc > 0.5 from 400, > 0.95 (grokked) from 500\n")
+    assert report.fell_to(hist, None, "sens", 0.5) is None  # never memorised: nothing to fall from
+
 @pytest.mark.slow
 def test_end_to_end(tmp_path):
     argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
