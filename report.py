@@ -837,7 +837,9 @@ def draw_robustness(data, folder, plt):
 
 
 def draw_grokking(data, folder, plt):
-    """Accuracy, loss, sensitivity (token-wise and joint) and weight norm over epochs, with each run's phases."""
+    """Accuracy, loss, sensitivity (token-wise and joint) and weight norm over epochs, with each run's phases. Each
+    seed is drawn on its own: seeds grok thousands of epochs apart (and stop at different epochs under
+    --stop-after-grok), so a mean over them would smear the jump and end with the shortest run."""
     hists = [r["history"] for r in data["runs"].values() if r["history"]]
     if not hists:
         return []
@@ -848,7 +850,11 @@ def draw_grokking(data, folder, plt):
               ("total weight norm", [("weight_norm", "|w|")])]
     for ax, (title, keys) in zip(axes, panels):
         for key, label in keys:
-            plot_curves(ax, hists, "epoch", key, label)
+            color = None
+            for i, h in enumerate(hists):  # one line per seed, one colour per quantity
+                line, = ax.plot([x["epoch"] for x in h], [x[key] for x in h], color=color, linewidth=1,
+                                label=label if i == 0 else None)
+                color = line.get_color()
         for h in hists:  # the phase boundaries found from each run
             memorised, grokked = phases(h)
             if memorised is not None:
