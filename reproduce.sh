@@ -262,7 +262,7 @@ do_parity() {
   merge settings-3seeds parity $(for st in 1 3 4 5 6; do per_seed "$out"/parity/s$st-seed%; done) --vary setting
 }
 
-row grokking 240 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
+row grokking 58 "Sec. 7.3: sensitivity falls before test accuracy rises in grokking (3 seeds)"
 do_grokking() {  # each run ends 1,000 epochs after it groks: every number the row reads is measured by then
   for s in $seeds; do run grok-seed$s grokking.py --seeds $s --stop-after-grok 1000 $G; done
   merge grokking-3seeds grokking $(per_seed "$out"/grokking/grok-seed%)

@@ -133,9 +133,6 @@ CPU_CLAIMS = os.path.join(ROOT, "tests", "claims_cpu.txt")
 README_ROWS = [["synthetic"], ["fig12"], ["vision3k"], ["converged"], ["converged"], ["vitsize"], ["datascale"],
                ["mechanism"], ["mnist01"], ["fig4"], ["parity"], ["grokking"], ["mrpc", "mrpcglue"],
                ["mrpc", "mrpcglue"], ["mrpc"], ["qqp"], ["robustness"]]
-# rows whose README numbers come from runs made before tests/claims_cpu.txt kept their claims (RESULTS.md says which
-# commands); every other row's numbers must appear in its claims there
-NOT_IN_CLAIMS_YET = {"grokking"}
 GPU_ONLY = {"fig4", "qqp"}  # the paper's scale: no number in the README yet
 NOT_A_NUMBER = re.compile(r"`[^`]*`|sqrt\(\d+\)|[A-Za-z]+[-.]\d[\w.-]*")  # code, sqrt(15), GPT-2, CIFAR-10, A.2
 README_NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
@@ -188,15 +185,14 @@ PAIR = re.compile(r"([-+]?\d+(?:\.\d+)?) ?\+- ?(\d+(?:\.\d+)?)")  # "0.012 +- 0.
 def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
     """Each number of the README's claims table (its 'our result' column) is printed by `python report.py --claims` on
     the runs of `bash reproduce.sh cpu` for that row (tests/claims_cpu.txt, written from them), at the README's
-    precision, and each 'mean +- s.e.' of it as one pair there; the rows not yet regenerated are named in
-    NOT_IN_CLAIMS_YET, and only those lack claims there."""
+    precision, and each 'mean +- s.e.' of it as one pair there; only the GPU rows lack claims there."""
     cells = readme_results()
     assert len(cells) == len(README_ROWS), "a row was added to or removed from the README's table: update README_ROWS"
     stored = stored_claims(CPU_CLAIMS)
-    assert {r for rows in README_ROWS for r in rows if r not in stored} == NOT_IN_CLAIMS_YET | GPU_ONLY
+    assert {r for rows in README_ROWS for r in rows if r not in stored} == GPU_ONLY
     missing = {}
     for rows, cell in zip(README_ROWS, cells):
-        if set(rows) & (NOT_IN_CLAIMS_YET | GPU_ONLY):
+        if set(rows) & GPU_ONLY:
             continue
         claims = "".join(stored[r] for r in rows)
         text = NOT_A_NUMBER.sub(" ", cell)
