@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IGNORED = {"time", "env", "resumed", "args", "sources"}  # not numbers of the experiment
+IGNORED = {"time", "seconds", "env", "resumed", "args", "sources"}  # not numbers of the experiment (wall times)
 NOISY = {"pretrained"}
 
 TINY_VIT = ["--depth", "1", "--heads", "2", "--dim", "16", "--dim-head", "8", "--mlp-dim", "32"]
