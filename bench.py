@@ -37,6 +37,7 @@
     python bench.py                  # CPU, a few minutes on 2 cores; run it on an otherwise idle machine
     python bench.py --device cuda    # on a GPU
     python bench.py --rounds 1 --n-inputs 4   # a smoke test, seconds
+    python bench.py --device cuda --only estimator,language   # some groups only (--help lists them)
 Prints one `name value` line per figure and writes them to out/bench/bench[-k].json (never replacing a file).
 """
 
@@ -71,9 +72,16 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=positive_int, default=7, help="timed rounds; each figure is the median over rounds")
     p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads while timing (0: the scripts' "
                    "policy, one)")
+    p.add_argument("--only", type=str, default=None, help="comma-separated groups to run (default: all): "
+                   + ", ".join(GROUPS))
     p.add_argument("--out", type=str, default=None, help="where the figures are written (default: the first free "
                    "out/bench/bench[-k].json); an existing file is never replaced")
     args = p.parse_args(argv)
+    if args.only is not None:
+        args.only = args.only.split(",")
+        unknown = [g for g in args.only if g not in GROUPS]
+        if unknown:
+            p.error(f"--only: no benchmark group {', '.join(unknown)} (choose from {', '.join(GROUPS)})")
     if args.out is not None and os.path.exists(args.out):
         p.error(f"--out {args.out} exists; bench.py never replaces a results file")
     folder = os.path.dirname(os.path.abspath(args.out or "out/bench/bench.json"))
@@ -507,37 +515,58 @@ def main(args):
             os.remove(args.out)
 
 
+GROUPS = ["estimator", "training", "scattered", "sens_during", "language", "corruptions", "shared_cpu", "quickstart",
+          "memory"]  # --only's names, in the order they run
+
+
 def run_all(args):
     set_threads(args.threads)
     device = get_device(args.device)
     cuda = device.type == "cuda"
     n = args.n_inputs or (1000 if cuda else 100)
     torch.manual_seed(0)
-    results = {}
-    vit = TinyViT().to(device)
-    results.update(bench_estimator("vit", vit, patchify(torch.randn(n, 3, 32, 32, device=device), 4),
-                                   args.batch_size, args.rounds, device))
-    mlp = TinyMLP().to(device)
-    results.update(bench_estimator("mlp", mlp, patchify(torch.randn(16 * n, 1, 28, 28, device=device), 7),
-                                   args.batch_size, args.rounds, device))
-    g = torch.Generator().manual_seed(0)
-    x28 = torch.randint(0, 256, (30 * n, 1, 28, 28), generator=g, dtype=torch.uint8)
-    y28 = torch.randint(0, 10, (30 * n,), generator=g)
     small = vision.parse_args(["--dataset", "fashionmnist", "--depth", "4", "--heads", "4", "--dim-head", "16"])
-    for name in ["mlp", "vit"]:
-        model = vision.build_model(name, small, 1, 28, 10).to(device)
-        results.update(bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
-                                      y28 if name == "mlp" else y28[: 3 * n], args.rounds, device))
-    results.update(bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device))
-    results.update(bench_sens_during(n, device))
-    results.update(bench_language(256 if cuda else max(2, n // 12), args.rounds, device))
-    results.update(bench_corruptions(device, 10 * n))
-    results.update(bench_shared_cpu(3 * n, args.rounds))
-    results.update(bench_quickstart(30 * n, args.rounds))
-    set_threads(args.threads)
-    results.update(bench_memory(device))
-    for k, v in results.items():
-        print(f"{k} {v:.4g}")
+
+    def estimator():
+        vit, mlp = TinyViT().to(device), TinyMLP().to(device)
+        out = bench_estimator("vit", vit, patchify(torch.randn(n, 3, 32, 32, device=device), 4), args.batch_size,
+                              args.rounds, device)
+        return out | bench_estimator("mlp", mlp, patchify(torch.randn(16 * n, 1, 28, 28, device=device), 7),
+                                     args.batch_size, args.rounds, device)
+
+    def training():
+        g = torch.Generator().manual_seed(0)
+        x28 = torch.randint(0, 256, (30 * n, 1, 28, 28), generator=g, dtype=torch.uint8)
+        y28 = torch.randint(0, 10, (30 * n,), generator=g)
+        out = {}
+        for name in ["mlp", "vit"]:
+            model = vision.build_model(name, small, 1, 28, 10).to(device)
+            out |= bench_training(name, model, x28 if name == "mlp" else x28[: 3 * n],
+                                  y28 if name == "mlp" else y28[: 3 * n], args.rounds, device)
+        return out
+
+    def memory():
+        set_threads(args.threads)  # the quick start's process set its own
+        return bench_memory(device)
+
+    groups = {
+        "estimator": estimator,
+        "training": training,
+        "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
+        "sens_during": lambda: bench_sens_during(n, device),
+        "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device),
+        "corruptions": lambda: bench_corruptions(device, 10 * n),
+        "shared_cpu": lambda: bench_shared_cpu(3 * n, args.rounds),
+        "quickstart": lambda: bench_quickstart(30 * n, args.rounds),
+        "memory": memory,  # last: the 10^6 run slows later timings
+    }
+    assert list(groups) == GROUPS
+    results = {}
+    for name in args.only or GROUPS:
+        figures = groups[name]()
+        for k, v in figures.items():
+            print(f"{k} {v:.4g}", flush=True)  # as measured: a run stopped halfway has printed what it measured
+        results |= figures
     write_json(args.out, {"env": environment(device), "args": vars(args), "results": results})  # over the reservation
     print(f"wrote {args.out}")
     return results

@@ -28,6 +28,15 @@ def test_one_tiny_round_gives_every_figure(tmp_path):
     assert json.loads(out.read_text())["results"] == pytest.approx(results)
 
 
+def test_only_runs_the_named_groups(tmp_path, capsys):
+    """--only estimator measures the estimator's figures and nothing else, and prints each as it is measured."""
+    out = tmp_path / "b.json"
+    results = bench.main(bench.parse_args(["--rounds", "1", "--n-inputs", "4", "--device", "cpu", "--only",
+                                           "estimator", "--out", str(out)]))
+    assert sorted(results) == [f"est_{f}_{m}" for f in ["eff", "evals_per_s", "speedup"] for m in ["mlp", "vit"]]
+    assert "est_speedup_vit " in capsys.readouterr().out
+
+
 def test_two_runs_at_once_never_share_a_results_file(tmp_path, monkeypatch):
     """The results file is reserved (created with O_EXCL) before anything runs: a second run at the same moment
     takes the next free name, and a named --out that another run holds is refused before any benchmark."""

@@ -102,6 +102,7 @@ BAD = [
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
+    ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
 ]
 
 
