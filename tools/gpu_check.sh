@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU items of reproduce.sh within a fixed wall-time budget: for a lent GPU machine whose minutes are few.
+#
+#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR]    # defaults: 540 s, out/gpu_check; datasets in ./data
+#
+# In order: the machine (GPU, driver, torch); bench.py's estimator and language figures on the GPU, alone on it (the
+# estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the one GPU, the
+# CUDA tests and three rows of `reproduce.sh gpu` (mnist01, mrpc, vision3k), each stopped with SIGTERM when the budget
+# ends: a stopped run keeps its metrics and checkpoint, and `bash reproduce.sh gpu --only ROW` resumes it later.
+# Everything it measured, without checkpoints, is packed into RESULTS_DIR.tgz: one log per step in RESULTS_DIR, and the
+# run folders and logs of out/ (a machine lent for minutes may give back few files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+budget=${1:-540} res=${2:-out/gpu_check}
+python=${PYTHON:-python3}
+[[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: BUDGET_S must be a whole number of seconds" >&2; exit 2; }
+mkdir -p "$res"
+start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - start))); }
+stamp() { echo "$(date '+%T') +$(($(date +%s) - start)) s: $*"; }
+
+stamp "machine" | tee -a "$res/steps.log"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$python" -c "import torch; print('torch', torch.__version__, '|', torch.cuda.get_device_name())"
+  echo "cpus $(nproc)"
+} > "$res/machine.txt" 2>&1
+cat "$res/machine.txt"
+
+# torchvision extracts the .gz files on first use: once here, not by six runs at once over each other
+stamp "extracting the datasets" | tee -a "$res/steps.log"
+"$python" -c "import vision; [vision.load_dataset(d, 'data', 'cpu') for d in ('fashionmnist', 'mnist01')]" \
+  > "$res/data.log" 2>&1
+echo "datasets exit $?" >> "$res/steps.log"
+
+# the estimator alone on the GPU: its figures are ratios timed in one process, but a busy GPU would blur them
+stamp "bench.py --only estimator,language" | tee -a "$res/steps.log"
+timeout -k 10 $(($(left) / 4)) "$python" bench.py --device cuda --only estimator,language --out "$res/bench.json" \
+  > "$res/bench.log" 2>&1
+echo "bench exit $?" >> "$res/steps.log"
+
+# the rows, side by side, each with its own reproduce.sh (one log each); stopped 45 s before the budget ends
+end=$(($(left) - 45))
+stamp "rows, $end s" | tee -a "$res/steps.log"
+for spec in mnist01:3 mrpc:6 vision3k:3; do
+  row=${spec%:*} jobs=${spec#*:}
+  (
+    t0=$(date +%s)
+    PYTHON=$python timeout -k 20 "$end" bash reproduce.sh gpu --only "$row" --jobs "$jobs" > "$res/$row.log" 2>&1
+    echo "$row: exit $? after $(($(date +%s) - t0)) s" >> "$res/steps.log"
+  ) &
+done
+timeout -k 10 "$end" "$python" -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
+echo "test_gpu exit $?" >> "$res/steps.log"
+wait
+stamp "packing" | tee -a "$res/steps.log"
+tar czf "$res.tgz" --exclude='*.pt' "$res" $(ls -d out/vision out/language out/logs 2> /dev/null)
+cat "$res/steps.log"
