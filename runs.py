@@ -452,16 +452,25 @@ def new_run_dir(script, run_name, out_dir="out"):
 
 
 def environment(device):
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit, dirty = git_state(os.path.dirname(os.path.abspath(__file__)))
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     # CPU training is bit-for-bit repeatable on one machine, not across processors (their kernels sum in other orders)
     return {"torch": torch.__version__, "device": name, "cpu": cpu_model(), "threads": torch.get_num_threads(),
-            "git_commit": commit}
+            "git_commit": commit, "git_dirty": dirty}
+
+
+def git_state(folder):
+    """(commit, dirty) of the git checkout holding `folder`: dirty when a tracked file differs from that commit, so a
+    run of edited code never passes for a run of the commit; (None, None) outside git."""
+    try:
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, timeout=5, cwd=folder)
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        return head.stdout.strip(), bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
 
 
 def cpu_model():

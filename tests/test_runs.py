@@ -17,7 +17,7 @@ from conftest import stop_at_backward
 import report
 import synthetic
 import vision
-from runs import Progress, Results, cli, duration, load_results, new_run_dir, write_json
+from runs import Progress, Results, cli, duration, git_state, load_results, new_run_dir, write_json
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
@@ -50,6 +50,23 @@ def test_run_dir_is_never_reused(tmp_path):
     a = new_run_dir("vision", "vit", out_dir=str(tmp_path))
     b = new_run_dir("vision", "vit", out_dir=str(tmp_path))
     assert a != b and b.endswith("vit-2") and os.path.isdir(a) and os.path.isdir(b)
+
+
+def test_git_state_says_when_the_code_is_not_its_commit(tmp_path):
+    """A run records its commit and whether a tracked file was edited since (a run of edited code must not pass for
+    the commit's); untracked files (data, out/) do not count; outside git, nothing."""
+    assert git_state(str(tmp_path)) == (None, None)
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
+                                    check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("a = 1\n")
+    git("add", "model.py")
+    git("commit", "-qm", "one")
+    commit = git("rev-parse", "HEAD").stdout.decode().strip()
+    (tmp_path / "data.bin").write_text("x")
+    assert git_state(str(tmp_path)) == (commit, False)
+    (tmp_path / "model.py").write_text("a = 2\n")
+    assert git_state(str(tmp_path)) == (commit, True)
 
 
 def test_strict_json_and_no_replace(tmp_path):
@@ -90,7 +107,7 @@ def test_cli_exit_codes(tmp_path, capsys):
         main.__module__ = __name__
         return main
 
-    parse = lambda argv: None  # noqa: E731
+    parse = lambda argv: None
     assert cli(main_of(lambda: {"runs": {"x": {}}}), parse, []) is None
     res = Results(str(tmp_path), "vision", {}, "cpu")
 
