@@ -50,7 +50,8 @@ for spec in mnist01:3 mrpc:6 vision3k:3; do
     echo "$row: exit $? after $(($(date +%s) - t0)) s" >> "$res/steps.log"
   ) &
 done
-timeout -k 10 "$end" "$python" -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
+# (pyproject already gives -q: a second would hide the summary line, "3 passed")
+timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
 echo "test_gpu exit $?" >> "$res/steps.log"
 wait
 stamp "packing" | tee -a "$res/steps.log"
