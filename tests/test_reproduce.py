@@ -121,6 +121,7 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     say it was not run; nothing fails."""
     code, out = finish("gpu", "--only", "mrpc", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
     assert code == 0, out
+    assert "reproduce.sh gpu: 4 processes at a time" in out  # the GPU's default (--jobs): small runs share it well
     assert f"skipped: needs GLUE MRPC (language.py --download) at {tmp_path / 'none'}/glue/MRPC" in out
     assert "[mrpc] language/mrpc-paper-3seeds: not run" in out
 
