@@ -17,9 +17,9 @@ python=${PYTHON:-python3}
 mkdir -p "$res"
 start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
-stamp() { echo "$(date '+%T') +$(($(date +%s) - start)) s: $*"; }
+log() { echo "$(date '+%T') +$(($(date +%s) - start)) s: $*" | tee -a "$res/steps.log"; }  # shown and kept
 
-stamp "machine" | tee -a "$res/steps.log"
+log "machine"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$python" -c "import torch; print('torch', torch.__version__, '|', torch.cuda.get_device_name())"
@@ -28,32 +28,31 @@ stamp "machine" | tee -a "$res/steps.log"
 cat "$res/machine.txt"
 
 # torchvision extracts the .gz files on first use: once here, not by six runs at once over each other
-stamp "extracting the datasets" | tee -a "$res/steps.log"
+log "extracting the datasets"
 "$python" -c "import vision; [vision.load_dataset(d, 'data', 'cpu') for d in ('fashionmnist', 'mnist01')]" \
   > "$res/data.log" 2>&1
-echo "datasets exit $?" >> "$res/steps.log"
+log "datasets: exit $?"
 
 # the estimator alone on the GPU: its figures are ratios timed in one process, but a busy GPU would blur them
-stamp "bench.py --only estimator,language" | tee -a "$res/steps.log"
+log "bench.py --only estimator,language"
 timeout -k 10 $(($(left) / 4)) "$python" bench.py --device cuda --only estimator,language --out "$res/bench.json" \
   > "$res/bench.log" 2>&1
-echo "bench exit $?" >> "$res/steps.log"
+log "bench: exit $?"
 
 # the rows, side by side, each with its own reproduce.sh (one log each); stopped 45 s before the budget ends
 end=$(($(left) - 45))
-stamp "rows, $end s" | tee -a "$res/steps.log"
+log "rows, $end s"
 for spec in mnist01:3 mrpc:6 vision3k:3; do
   row=${spec%:*} jobs=${spec#*:}
   (
     t0=$(date +%s)
     PYTHON=$python timeout -k 20 "$end" bash reproduce.sh gpu --only "$row" --jobs "$jobs" > "$res/$row.log" 2>&1
-    echo "$row: exit $? after $(($(date +%s) - t0)) s" >> "$res/steps.log"
+    log "$row: exit $? after $(($(date +%s) - t0)) s"
   ) &
 done
 # (pyproject already gives -q: a second would hide the summary line, "3 passed")
 timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
-echo "test_gpu exit $?" >> "$res/steps.log"
+log "test_gpu: exit $?"
 wait
-stamp "packing" | tee -a "$res/steps.log"
+log "packing"
 tar czf "$res.tgz" --exclude='*.pt' "$res" $(ls -d out/vision out/language out/logs 2> /dev/null)
-cat "$res/steps.log"
