@@ -12,9 +12,10 @@ import os
 
 import torch
 
+import report
 from common import gaussian, patchify, sensitivity, unpatchify
-from runs import (ArgumentParser, add_run_flags, cli, nonnegative_float, parse, positive_int, seed, setup, start_run,
-                  subset_size)
+from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_int, seed, setup,
+                  start_run, subset_size)
 
 MODELS = ["convnext_tiny", "vit_l_16"]
 SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep, as vision.py's
@@ -68,6 +69,7 @@ def load_images(args, device):
 def load_model(name, random_weights, device):
     import torchvision
 
+    torch.manual_seed(0)  # --random-weights: the same random model in every run (the pretrained ones draw nothing)
     try:
         model = getattr(torchvision.models, name)(weights=None if random_weights else "DEFAULT")
     except Exception as e:  # the weights cannot be downloaded offline
@@ -106,6 +108,8 @@ def main(args):
     with results.recording():
         for name in args.model:
             model = load_model(name, args.random_weights, device)
+            run = Run(name, args.data_seed)  # "seed": the subset of images (--data-seed)
+            results.progress(run, 0, 0, 1).tick(0, True)  # a line every 20 s; the time is the final measurements'
             final = {}
             if classes == 1000:  # an ImageNet folder: class index = ImageNet label
                 with torch.no_grad():
@@ -116,8 +120,12 @@ def main(args):
             final.update(sens=head.mean, sens_stderr=head.stderr,
                          sens_at={k: {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()},
                          per_image={k: [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()})
-            results.final(f"{name}/pretrained", final)
+            results.final(run, final)
             print(f"{name}: sensitivity {final['sens']:.4f} +- {final['sens_stderr']:.4f} on {len(images)} images")
+        # every model against the ViT, per image (the same images and noise): the paper's claim is ViT-L/16 below
+        results.data["paired"] = report.vision_paired(results.data)
+        results.save()
+        report.summary(results.data)
     return results.data
 
 

@@ -347,6 +347,15 @@ def parity_summary(data):
               f"{sum(p['halves'][1] > p['halves'][0] for p, _ in done)} of {len(done)}")
 
 
+def paired_lines(p):
+    """vision_paired()'s numbers: per model, its paired differences against the reference and where they are level."""
+    for name, d in p.get("models", {}).items():
+        parts = [f"{k} {paired_text(v)}" for k, v in d["diff"].items()]
+        cross = {m: [f"{s:.3g}" for s in v] for m, v in d["crossover"].items() if v}
+        parts += [f"level at sigma {cross}"] if cross else []
+        print(f"{name} - {p['reference']} | " + " | ".join(parts))
+
+
 def summary(data):
     """Print the summary lines of a run (or of merged runs) from its metrics.json."""
     script = data.get("script")
@@ -368,13 +377,15 @@ def summary(data):
                     f"{k} {paired_text(v)}" for k, v in d["diff"].items()))
     elif script == "vision" and data.get("paired"):
         own_numbers(data)
-        p = data["paired"]
-        for name, d in p["models"].items():
-            parts = [f"{k} {paired_text(v)}" for k, v in d["diff"].items()]
-            cross = {m: [f"{s:.3g}" for s in v] for m, v in d["crossover"].items() if v}
-            parts += [f"level at sigma {cross}"] if cross else []
-            print(f"{name} - {p['reference']} | " + " | ".join(parts))
+        paired_lines(data["paired"])
         matched_accuracy(data)
+    elif script == "imagenet":  # pretrained models: accuracy on the measured images (of an ImageNet folder)
+        for run, r in data["runs"].items():
+            f = r["final"]
+            acc = [f"accuracy {f['train_acc']:.3f}"] if "train_acc" in f else []
+            print(f"{run} | " + " | ".join(acc + [f"{k} {ms(v['sens'], v['stderr'])}"
+                                                for k, v in f.get("sens_at", {}).items()]))
+        paired_lines(data.get("paired") or {})
     elif script == "language":
         majority = data.get("data", {}).get("test_majority")
         for label, records in models(data).items():  # a model below the majority class has not generalised
@@ -407,15 +418,13 @@ def summary(data):
         robustness_summary(data)
     elif script == "parity":
         parity_summary(data)
-    elif script in ("grokking", "imagenet"):
+    elif script == "grokking":
         for run, r in data["runs"].items():
             f = r["final"]
-            if script == "grokking" and f:
+            if f:
                 end = f" at epoch {f['epoch_end']}" if "epoch_end" in f else ""  # (older runs: at --epochs)
                 print(f"{run}: memorised at epoch {f['epoch_memorised']}, grokked at {f['epoch_grokked']}, "
                       f"sensitivity{end} {f['sens']:.4f}")
-            elif f.get("sens") is not None:
-                print(f"{run}: sensitivity {f['sens']:.4f} +- {f['sens_stderr']:.4f}")
 
 
 # -----------------------------------------------------------------------------
@@ -494,7 +503,8 @@ CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "syntheti
           ("datascale", "vision/fmnist-scale3", summary), ("mechanism", "vision/mechanism", summary),
           ("mechanism", "vision/mechanism-npn", summary), ("mechanism", "vision/paper-sgd", summary),
           ("mnist01", "vision/mnist01", summary), ("fig4", "vision/cifar10-fig4", summary),
-          ("fig4", "vision/svhn-fig4", summary), ("parity", "parity/settings-3seeds", parity_summary),
+          ("fig4", "vision/svhn-fig4", summary), ("imagenet", "imagenet/pretrained", summary),
+          ("parity", "parity/settings-3seeds", parity_summary),
           ("grokking", "grokking/grokking-3seeds", grokking_claim),
           ("mrpc", "language/mrpc-paper-3seeds", summary), ("mrpcglue", "language/mrpc-4models-3seeds", summary),
           ("qqp", "language/qqp-3seeds", summary), ("robustness", "robustness/fmnist-rob", robustness_claim)]
@@ -585,7 +595,7 @@ def merge(folders, vary=()):
         out["data_scale"] = {str(n): vision_paired({"runs": runs}) for n, runs in sorted(by_size.items())}
         return out
     out["runs"] = next(iter(by_size.values()))
-    if script == "vision":
+    if script in ("vision", "imagenet"):
         out["paired"] = vision_paired(out)
     elif script == "language":
         args = out["args"]

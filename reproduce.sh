@@ -11,7 +11,8 @@
 # SIGTERM, kill -9, a reboot) is resumed with --resume from its last checkpoint, so the reproduction can run in
 # pieces across days and ends with the numbers of an uninterrupted one. --data DIR holds the datasets as torchvision
 # and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/, train_32x32.mat
-# and test_32x32.mat (SVHN), glue/QQP/, CIFAR-10-C/, frost/ (the six frost textures) where present (gpu).
+# and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder), CIFAR-10-C/, frost/ (the six frost
+# textures) where present (gpu).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -257,6 +258,26 @@ do_fig4() {
     done
     merge $set-fig4 vision $(per_seed "$out"/vision/$set-fig4-seed%)
   done
+}
+
+row imagenet 0 "Sec. 5: pretrained ViT-L/16 below ConvNeXt-Tiny on ImageNet images (gpu; nothing trained)"
+do_imagenet() {  # torchvision's weights: downloaded on the first run (offline: put them in $TORCH_HOME/hub/checkpoints)
+  local c="--n-sens 500 --sens-positions 16 --sigma 0.1 1 --sweep"  # 16 of the 196 patches per image and sigma
+  case $scale in
+    cpu) echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return ;;
+    smoke)  # four random pictures in two classes, and the two architectures with random weights
+      "$python" -c 'import os, sys, numpy as np; from PIL import Image
+rng = np.random.default_rng(0)
+for i in range(4):
+    os.makedirs(f"{sys.argv[1]}/class{i % 2}", exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(f"{sys.argv[1]}/class{i % 2}/{i}.png")
+' "$out/fake-imagenet"
+      c="--imagenet-dir $out/fake-imagenet --random-weights --n-sens 2 --sens-positions 2 --sigma 10 100" ;;
+    gpu)
+      need imagenet/train "ImageNet's training images as an ImageFolder (one folder per class)" || return 0
+      c="$c --imagenet-dir $data/imagenet/train" ;;
+  esac
+  run pretrained imagenet.py $c
 }
 
 row parity 180 "App. A.6: sensitivity during the parity plateau, then k (5 settings x 3 seeds)"

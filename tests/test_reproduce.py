@@ -13,8 +13,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
-ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mechanism", "mnist01", "fig4", "parity",
-        "grokking", "mrpc", "mrpcglue", "qqp", "robustness"]
+ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mechanism", "mnist01", "fig4",
+        "imagenet", "parity", "grokking", "mrpc", "mrpcglue", "qqp", "robustness"]
 NUMBER = re.compile(r"[-+]?\d+\.\d+|nan")
 
 
@@ -117,13 +117,15 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
 
 
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
-    """At the gpu scale without the MRPC files: the row says which files to put where and is skipped; the claims
-    say it was not run; nothing fails."""
-    code, out = finish("gpu", "--only", "mrpc", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
+    """At the gpu scale without the MRPC or ImageNet files: each row says which files to put where and is skipped;
+    the claims say it was not run; nothing fails."""
+    code, out = finish("gpu", "--only", "mrpc,imagenet", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
     assert code == 0, out
     assert "reproduce.sh gpu: 4 processes at a time" in out  # the GPU's default (--jobs): small runs share it well
     assert f"skipped: needs GLUE MRPC (language.py --download) at {tmp_path / 'none'}/glue/MRPC" in out
-    assert "[mrpc] language/mrpc-paper-3seeds: not run" in out
+    assert "skipped: needs ImageNet's training images as an ImageFolder (one folder per class) at " \
+           f"{tmp_path / 'none'}/imagenet/train" in out
+    assert "[mrpc] language/mrpc-paper-3seeds: not run" in out and "[imagenet] imagenet/pretrained: not run" in out
 
 
 # -----------------------------------------------------------------------------
@@ -132,9 +134,9 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
 CPU_CLAIMS = os.path.join(ROOT, "tests", "claims_cpu.txt")
 # the reproduce.sh rows behind each row of the README's claims table, in the table's order
 README_ROWS = [["synthetic"], ["fig12"], ["vision3k"], ["converged"], ["converged"], ["vitsize"], ["datascale"],
-               ["mechanism"], ["mnist01"], ["fig4"], ["parity"], ["grokking"], ["mrpc", "mrpcglue"],
+               ["mechanism"], ["mnist01"], ["fig4"], ["imagenet"], ["parity"], ["grokking"], ["mrpc", "mrpcglue"],
                ["mrpc", "mrpcglue"], ["mrpc"], ["qqp"], ["robustness"]]
-GPU_ONLY = {"fig4", "qqp"}  # the paper's scale: no number in the README yet
+GPU_ONLY = {"fig4", "imagenet", "qqp"}  # the paper's scale: no number in the README yet
 NOT_A_NUMBER = re.compile(r"`[^`]*`|sqrt\(\d+\)|[A-Za-z]+[-.]\d[\w.-]*")  # code, sqrt(15), GPT-2, CIFAR-10, A.2
 README_NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
 
