@@ -48,11 +48,12 @@ def parse_args(argv=None):
 
 def load_images(args, device):
     """A random --n-sens subset of the ImageFolder, resized and centre-cropped to 224 x 224 and normalised with
-    ImageNet's mean and std, as the models were trained; and their class indices."""
+    ImageNet's mean and std, the models' own; and their class indices."""
     import torchvision
     from torchvision import transforms
 
-    # the models' own evaluation transform: the sensitivity is measured on the images they were trained to see
+    # ImageNet's usual evaluation transform, one for both models so that both see the same pixels (paired); their
+    # own torchvision transforms resize to 236 (ConvNeXt-Tiny) and 242 (ViT-L/16) before the same 224 crop
     tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
                              transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     try:
