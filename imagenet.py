@@ -25,7 +25,8 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("models and data")
     g.add_argument("--model", nargs="+", default=MODELS, choices=MODELS, help="torchvision ImageNet models")
-    g.add_argument("--imagenet-dir", type=str, required=True, help="an ImageFolder of images (e.g. ImageNet train)")
+    g.add_argument("--imagenet-dir", type=str, default=None, help="an ImageFolder of images (e.g. ImageNet train); "
+                   "required")  # (not required=True: --resume FOLDER takes it from the folder's saved flags)
     g.add_argument("--random-weights", action="store_true", help="the models without their weights (no download)")
     g.add_argument("--data-seed", type=seed, default=0, help="seed of the random subset of images")
     g = p.add_argument_group("sensitivity")
@@ -41,6 +42,8 @@ def parse_args(argv=None):
     g.add_argument("--n-sens", type=positive_int, default=500, help="images the sensitivity is measured on")
     add_run_flags(p, unit="models", default_name="imagenet-pretrained")
     args = parse(p, "imagenet", argv)
+    if args.imagenet_dir is None:
+        p.error("--imagenet-dir is required: a folder of images, one subfolder per class (ImageNet's train split)")
     if not os.path.isdir(args.imagenet_dir):
         p.error(f"--imagenet-dir {args.imagenet_dir}: no such folder")
     return args
@@ -108,8 +111,10 @@ def main(args):
     folder, results = start_run("imagenet", args, "imagenet-pretrained", device)
     with results.recording():
         for name in args.model:
-            model = load_model(name, args.random_weights, device)
             run = Run(name, args.data_seed)  # "seed": the subset of images (--data-seed)
+            if results.finished(run):  # --resume: a model measured before the run was stopped
+                continue
+            model = load_model(name, args.random_weights, device)
             results.progress(run, 0, 0, 1).tick(0, True)  # a line every 20 s; the time is the final measurements'
             final = {}
             if classes == 1000:  # an ImageNet folder: class index = ImageNet label

@@ -2,6 +2,7 @@
 ViT, and the summary and claims report.py prints from its folder. Small stand-ins replace torchvision's models (the
 smoke run of reproduce.sh runs the real architectures with random weights)."""
 
+import json
 import math
 
 import numpy as np
@@ -57,3 +58,27 @@ def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, mo
     claims = capsys.readouterr().out
     assert "[imagenet] imagenet/pretrained (1 seed, 1 folder)\n" in claims
     assert "vit_l_16/seed0 | patch:1 0.0000 +- 0.0000 | patch:100 0.0000 +- 0.0000" in claims
+
+
+def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path, monkeypatch):
+    """--resume FOLDER alone (no --imagenet-dir: the folder's flags) keeps the models measured before the stop and
+    measures the others; the pairs are then made as in an uninterrupted run."""
+    loaded = []
+
+    def load(name, random_weights, device):
+        loaded.append(name)
+        return Constant()
+
+    monkeypatch.setattr(imagenet, "load_model", load)
+    argv = ["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "3", "--sens-positions", "2",
+            "--out-dir", str(tmp_path / "out"), "--run-name", "pretrained"]
+    whole = imagenet.main(imagenet.parse_args(argv))
+    path = tmp_path / "out" / "imagenet" / "pretrained" / "metrics.json"
+    data = json.loads(path.read_text())
+    del data["runs"]["vit_l_16/seed0"], data["paired"]  # stopped while measuring the second model
+    path.write_text(json.dumps(data))
+    loaded.clear()
+    again = imagenet.main(imagenet.parse_args(["--resume", str(path.parent)]))
+    assert loaded == ["vit_l_16"]
+    assert again["runs"]["convnext_tiny/seed0"]["final"] == whole["runs"]["convnext_tiny/seed0"]["final"]
+    assert again["paired"] == whole["paired"]
