@@ -82,3 +82,21 @@ def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path
     assert loaded == ["vit_l_16"]
     assert again["runs"]["convnext_tiny/seed0"]["final"] == whole["runs"]["convnext_tiny/seed0"]["final"]
     assert again["paired"] == whole["paired"]
+
+
+def test_subsets_of_images_merge_as_seeds_paired_within_each(tmp_path, monkeypatch):
+    """Two --data-seed runs merged with --vary data-seed: each model has two "seeds" (subsets), and the difference
+    against the ViT is the mean over the subsets of the per-subset paired means."""
+    torch.manual_seed(0)
+    linear = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
+    stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
+    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
+    imgs, folders = fake_imagenet(tmp_path / "imgs"), []
+    for s in [0, 1]:
+        imagenet.main(imagenet.parse_args(["--imagenet-dir", str(imgs), "--n-sens", "4", "--sigma", "100",
+                                           "--data-seed", str(s), "--out-dir", str(tmp_path), "--run-name", f"d{s}"]))
+        folders.append(str(tmp_path / "imagenet" / f"d{s}"))
+    merged = report.merge(folders, vary=["data-seed"])
+    d = merged["paired"]["models"]["convnext_tiny"]["diff"]["patch:100"]
+    per_subset = [merged["runs"][f"convnext_tiny/seed{s}"]["final"]["sens_at"]["patch:100"]["sens"] for s in [0, 1]]
+    assert d["seeds"] == 2 and math.isclose(d["mean"], sum(per_subset) / 2, abs_tol=1e-6)  # (6 digits per image)
