@@ -12,6 +12,7 @@ from PIL import Image
 
 import imagenet
 import report
+from common import gaussian, patchify, sensitivity, unpatchify
 
 
 class Constant(nn.Module):
@@ -100,3 +101,77 @@ def test_subsets_of_images_merge_as_seeds_paired_within_each(tmp_path, monkeypat
     d = merged["paired"]["models"]["convnext_tiny"]["diff"]["patch:100"]
     per_subset = [merged["runs"][f"convnext_tiny/seed{s}"]["final"]["sens_at"]["patch:100"]["sens"] for s in [0, 1]]
     assert d["seeds"] == 2 and math.isclose(d["mean"], sum(per_subset) / 2, abs_tol=1e-6)  # (6 digits per image)
+
+
+def test_images_are_cropped_to_224_and_normalised_as_imagenet(tmp_path):
+    """A picture of one colour: every pixel of the 224 x 224 crop is (colour / 255 - mean) / std per channel."""
+    (tmp_path / "imgs" / "c").mkdir(parents=True)
+    Image.fromarray(np.full((40, 60, 3), [255, 0, 128], dtype=np.uint8)).save(tmp_path / "imgs" / "c" / "0.png")
+    args = imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens", "1"])
+    images, labels, classes = imagenet.load_images(args, "cpu")
+    assert images.shape == (1, 3, 224, 224) and labels.tolist() == [0] and classes == 1
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    want = (torch.tensor([255, 0, 128]) / 255 - mean) / std
+    assert torch.allclose(images[0], want[:, None, None].expand(3, 224, 224), atol=1e-6)
+
+
+def test_measure_is_the_estimator_on_16x16_patches_and_on_the_whole_image(tmp_path):
+    """measure(): the patch mask is common.sensitivity on the 196 patches of 16 x 16, the global mask on the whole
+    image with std sigma / 14 (one patch's noise energy), both with --reps and --sens-seed; --sweep adds the sweep's
+    sigmas after the given ones, once each."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
+    args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "3", "--sigma",
+                                "1", "100", "--sweep", "--mask", "patch", "global", "--reps", "2", "--sens-seed", "5"])
+    images, _, _ = imagenet.load_images(args, "cpu")
+    sens = imagenet.measure(model, images, args)
+    sigmas = [1, 100, 0.03, 0.1, 0.3, 3, 10, 30]
+    assert list(sens) == [f"{m}:{s:g}" for s in sigmas for m in ["patch", "global"]]
+    tokens = patchify(images, 16)
+    assert tokens.shape == (3, 196, 768)
+    for s in [1, 100]:
+        patch = sensitivity(lambda xb, idx: model(unpatchify(xb, 16, (3, 224, 224))), tokens, gaussian(s), reps=2,
+                            seed=5)
+        whole = sensitivity(lambda xb, idx: model(xb.view(-1, 3, 224, 224)), images.flatten(1)[:, None],
+                            gaussian(s / 14), reps=2, seed=5)
+        assert torch.equal(sens[f"patch:{s:g}"].per_input, patch.per_input)
+        assert torch.equal(sens[f"global:{s:g}"].per_input, whole.per_input)
+    assert sens["patch:100"].mean > 0 and sens["global:100"].mean > 0  # the comparisons above are not 0 = 0
+
+
+def test_accuracy_on_an_imagenet_folder_and_the_time_of_each_model(tmp_path, monkeypatch):
+    """With 1,000 classes the folder is ImageNet's: each model's accuracy on the measured images is recorded (class
+    index = label); and each model's time, as the final measurements of its run."""
+    for c in range(1000):
+        (tmp_path / "imgs" / f"n{c:04d}").mkdir(parents=True)
+        Image.fromarray(np.full((8, 8, 3), c % 256, dtype=np.uint8)).save(tmp_path / "imgs" / f"n{c:04d}" / "0.png")
+    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: Constant())  # always class 3
+    args = imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens", "400", "--sens-positions", "1",
+                                "--out-dir", str(tmp_path / "out")])
+    _, labels, _ = imagenet.load_images(args, "cpu")
+    assert 3 in labels.tolist()  # the constant model is right on some image
+    data = imagenet.main(args)
+    for run in data["runs"].values():
+        assert run["final"]["train_acc"] == (labels == 3).float().mean().item() > 0
+        assert run["seconds"]["final"] > 0 and run["seconds"]["training"] == 0
+
+
+def test_the_global_mask_spreads_one_patchs_noise_energy_over_the_whole_image(tmp_path):
+    """--mask global: Gaussian noise on every pixel at once with std sigma / 14 (one of the 196 patches' energy)."""
+    seen = []
+
+    class Recorder(nn.Module):  # what the model is given, and always class 0
+        def forward(self, x):
+            seen.append(x.clone())
+            return torch.zeros(len(x), 1000)
+
+    args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "3", "--sigma",
+                                "2", "--mask", "global"])
+    images, _, _ = imagenet.load_images(args, "cpu")
+    imagenet.measure(Recorder(), images, args)
+    rows = torch.cat(seen).flatten(1)
+    diffs = rows[:, None] - images.flatten(1)[None]  # (rows, images, pixels): each row against each clean image
+    nearest = diffs.norm(dim=2).argmin(1)
+    noise = diffs[torch.arange(len(rows)), nearest]
+    noise = noise[noise.abs().sum(1) > 0]  # the perturbed copies (the clean images differ from one image by 0)
+    assert len(noise) == 3 and math.isclose(noise.std().item(), 2 / 14, rel_tol=0.01)

@@ -44,6 +44,7 @@ TARGETS = {
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "Attention.forward"],
                   ["tests/test_vision.py", "tests/test_scale.py"]),  # test_scale: torchrun equals one process
+    "imagenet.py": (["load_images", "measure", "main"], ["tests/test_imagenet.py"]),
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__"],
                      ["tests/test_synthetic.py"]),
