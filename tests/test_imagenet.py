@@ -1,6 +1,7 @@
-"""imagenet.py: the pretrained models measured with the same noise on the same images, paired per image against the
-ViT, and the summary and claims report.py prints from its folder. Small stand-ins replace torchvision's models (the
-smoke run of reproduce.sh runs the real architectures with random weights)."""
+"""imagenet.py: the images (crop, normalisation), the measurement (the estimator on 16 x 16 patches and on the whole
+image), the models paired per image against the ViT, their accuracy and time, --resume, merges of image subsets, and
+the summary and claims report.py prints. Small stand-ins replace torchvision's models (the smoke run of reproduce.sh
+runs the real architectures with random weights)."""
 
 import json
 import math
@@ -34,6 +35,8 @@ def fake_imagenet(folder, n=6):
 
 
 def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, monkeypatch, capsys):
+    """Against a constant "ViT", the other model's paired difference is its own per-image flips: their mean and
+    standard error over the images; the summary and report.py --claims print them."""
     torch.manual_seed(0)
     linear = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()  # flips under noise
     stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
