@@ -14,6 +14,7 @@ One thread; needs the datasets the runs were trained on (their --data-dir).
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -50,10 +51,11 @@ def remeasure(folder, positions):
         sys.exit(f"{folder}: its checkpoint does not give the stored sensitivity ({check}): not the final model")
     t = time.perf_counter()
     sampled = vision.measure_sensitivity(model, x, sigmas=sigmas, positions=positions, **kw)
+    took = time.perf_counter() - t
     sampled = {f"patch:{s:g}": v.per_input.tolist() for (_, s), v in sampled.items()}
     print(f"{folder}: {name} checked; {len(sigmas)} sigmas: every patch about {one * len(sigmas):.0f} s, "
-          f"{positions} sampled {time.perf_counter() - t:.0f} s", flush=True)
-    return run["model"], run["seed"], stored, sampled, one * len(sigmas), time.perf_counter() - t
+          f"{positions} sampled {took:.0f} s", flush=True)
+    return run["model"], run["seed"], stored, sampled, one * len(sigmas), took
 
 
 def main():
@@ -75,7 +77,10 @@ def main():
     for model, d in full["models"].items():
         for key, x in d["diff"].items():
             y = part["models"][model]["diff"][key]
-            z = abs(x["mean"] - y["mean"]) / x["stderr"] if x["stderr"] > 0 else float(x["mean"] != y["mean"]) * 1e9
+            if x["stderr"] > 0:
+                z = abs(x["mean"] - y["mean"]) / x["stderr"]
+            else:  # no error to measure the move in: any move is infinitely many
+                z = math.inf if x["mean"] != y["mean"] else 0.0
             moves.append(z)
             print(f"{model} - {reference} {key}: every patch {x['mean']:+.4f} +- {x['stderr']:.4f} | "
                   f"{args.positions} sampled {y['mean']:+.4f} +- {y['stderr']:.4f} | moved {z:.2f} s.e.")
