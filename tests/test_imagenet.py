@@ -25,6 +25,12 @@ class Constant(nn.Module):
         return out
 
 
+def pooled_linear():
+    """A linear classifier of the image's 4 x 4 average-pooled pixels (seeded): its predictions flip under noise."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
+
+
 def fake_imagenet(folder, n=6):
     """n random 60 x 40 pictures in an ImageFolder of two classes."""
     rng = np.random.default_rng(0)
@@ -37,8 +43,7 @@ def fake_imagenet(folder, n=6):
 def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, monkeypatch, capsys):
     """Against a constant "ViT", the other model's paired difference is its own per-image flips: their mean and
     standard error over the images; the summary and report.py --claims print them."""
-    torch.manual_seed(0)
-    linear = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()  # flips under noise
+    linear = pooled_linear()
     stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
     monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
     args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "5",
@@ -91,8 +96,7 @@ def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path
 def test_subsets_of_images_merge_as_seeds_paired_within_each(tmp_path, monkeypatch):
     """Two --data-seed runs merged with --vary data-seed: each model has two "seeds" (subsets), and the difference
     against the ViT is the mean over the subsets of the per-subset paired means."""
-    torch.manual_seed(0)
-    linear = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
+    linear = pooled_linear()
     stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
     monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
     imgs, folders = fake_imagenet(tmp_path / "imgs"), []
@@ -122,8 +126,7 @@ def test_measure_is_the_estimator_on_16x16_patches_and_on_the_whole_image(tmp_pa
     """measure(): the patch mask is common.sensitivity on the 196 patches of 16 x 16, the global mask on the whole
     image with std sigma / 14 (one patch's noise energy), both with --reps and --sens-seed; --sweep adds the sweep's
     sigmas after the given ones, once each."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
+    model = pooled_linear()
     args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "3", "--sigma",
                                 "1", "100", "--sweep", "--mask", "patch", "global", "--reps", "2", "--sens-seed", "5"])
     images, _, _ = imagenet.load_images(args, "cpu")
