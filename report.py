@@ -364,12 +364,9 @@ def summary(data):
             finals = [r["final"] for r in records if r["final"]]
             if not finals:
                 continue
-            parts = []
-            for key in ["ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn",
-                        "sens_frequent_fn"]:
-                v = torch.tensor([f[key] for f in finals])
-                parts.append(f"{key} {v.mean():.3f}+-{v.std() if len(v) > 1 else 0:.3f}")
-            print(f"{label} ({len(finals)} seeds) | " + " | ".join(parts))
+            parts = [f"{key} {mean_se([f[key] for f in finals], '.3f')}" for key in [
+                "ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn", "sens_frequent_fn"]]
+            print(f"{label} ({seeds(len(finals))}) | " + " | ".join(parts))
     elif script == "vision" and data.get("data_scale"):  # a data-size study: the paired differences at each size
         for n, p in data["data_scale"].items():
             for name, d in p["models"].items():

@@ -164,3 +164,32 @@ def test_a_short_run_learns_the_less_sensitive_feature(tmp_path):
     assert sparse["test_acc"] > 0.95 and sparse["ood_acc"] < 0.1
     assert frequent["test_acc"] > 0.95 and frequent["ood_acc"] > 0.9
     assert sparse["sens"] < sparse["sens_frequent_fn"] - 0.1 and frequent["sens"] < frequent["sens_sparse_fn"] - 0.05
+
+
+def test_claim_holds_where_every_seed_learns_the_less_sensitive_feature(capsys):
+    """report.synthetic_claim: per preset and setting, mean +- s.e. over seeds (the mean alone for one seed), then the
+    count of settings where every seed's OOD accuracy shows the feature (0: sparse, 1: frequent) whose candidate
+    function is the less sensitive one, and that function is indeed below the other."""
+    import report
+
+    def final(ood, sens_sparse, sens_frequent):
+        return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
+                "sens_sparse_fn": sens_sparse, "sens_frequent_fn": sens_frequent}
+
+    def runs(**settings):  # {label: [final of each seed]}
+        return {"script": "synthetic", "runs": {f"{label}/seed{s}": {"model": label.replace("_", "-"), "seed": s,
+                                                                      "history": [], "final": f}
+                                                for label, finals in settings.items() for s, f in enumerate(finals)}}
+
+    held = runs(sparse_lower=[final(0.0, 0.0, 0.3), final(0.0, 0.0, 0.32)], frequent_lower=[final(1.0, 0.09, 0.0)])
+    report.synthetic_claim(held)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("sparse-lower (2 seeds) | ood_acc 0.000 +- 0.000 | test_acc 1.000 +- 0.000 |")
+    assert out[0].endswith("sens_frequent_fn 0.310 +- 0.010")  # the standard error over seeds, 0.02 / 2
+    assert out[1].startswith("frequent-lower (1 seed) | ood_acc 1.000 | test_acc 1.000 |")
+    assert out[-1] == "the model learns the lower-sensitivity feature in every seed in 2 of 2 settings"
+    for broken in [runs(sparse_lower=[final(0.0, 0.0, 0.3), final(1.0, 0.0, 0.3)]),  # one seed learned the other
+                   runs(sparse_lower=[final(0.0, 0.4, 0.3)]),  # the 'lower' candidate is not lower
+                   runs(sparse_lower=[{}])]:  # no finished seed
+        report.synthetic_claim(broken)
+        assert capsys.readouterr().out.splitlines()[-1].endswith(" in 0 of 1 settings")
