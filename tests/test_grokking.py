@@ -198,3 +198,16 @@ def test_stop_after_grok_ends_the_run_that_many_epochs_after_grokking(tmp_path, 
     drop = lambda h: {k: v for k, v in h.items() if k != "time"}  # noqa: E731
     assert [drop(h) for h in run["history"]] == [drop(h) for h in full["history"][:5]]
     assert run["final"]["sens"] == full["history"][4]["sens"]
+
+
+def test_summary_names_each_runs_phases_and_where_its_sensitivity_was_read(capsys):
+    """report.py's summary of a grokking folder: per finished run the epochs of memorisation and grokking and the
+    final sensitivity with the epoch it was measured at (runs written before --stop-after-grok have no epoch_end)."""
+    final = {"epoch_memorised": 200, "epoch_grokked": 500, "sens": 0.04, "epoch_end": 1500}
+    runs = {"p/seed0": {"history": [], "final": final},
+            "p/seed1": {"history": [], "final": {k: v for k, v in final.items() if k != "epoch_end"}},
+            "p/seed2": {"history": [], "final": {}}}  # unfinished: no line
+    report.summary({"script": "grokking", "runs": runs})
+    assert capsys.readouterr().out.splitlines() == [
+        "p/seed0: memorised at epoch 200, grokked at 500, sensitivity at epoch 1500 0.0400",
+        "p/seed1: memorised at epoch 200, grokked at 500, sensitivity 0.0400"]

@@ -358,13 +358,13 @@ def test_profile_windows_count_from_the_right_end_and_skip_rare_positions():
     """C7's readout: the right-aligned profile is read from its last token (stored last), a window averages only the
     positions a quarter of the pairs reach, then the mean and s.e. over seeds."""
     def run(last, rare):  # 41 positions: the last token flips `last`, every other 0.1, the rarest `rare`
-        right = {"sens": [rare] + [0.1] * 39 + [last], "pairs": [1] + [8] * 40}
-        left = {"sens": [last] + [0.0] * 40, "pairs": [8] * 40 + [1]}
+        right = {"sens": [rare] + [0.1] * 39 + [last], "pairs": [9] + [40] * 40}  # 9 pairs: under a quarter of 40
+        left = {"sens": [last] + [0.0] * 40, "pairs": [40] * 40 + [9]}
         return {"history": [], "final": {"profiles": {"right": right, "left": left}}}
     w = report.profile_windows({"runs": {"lstm/seed0": run(0.2, 9.0), "lstm/seed1": run(0.4, 9.0)}})["lstm"]
     assert w["last 10"][0] == pytest.approx((0.3 + 9 * 0.1) / 10)  # seeds' last tokens 0.2 and 0.4
     assert w["last 10"][1] == pytest.approx(0.01) and w["last 10"][2] == 2
-    assert w["beyond 30"][0] == pytest.approx(0.1)  # the position one pair reaches (9.0) is left out
+    assert w["beyond 30"][0] == pytest.approx(0.1)  # the position 9 of 40 pairs reach (9.0) is left out
     assert w["<s>"][0] == pytest.approx(0.3) and w["positions 1-39"][0] == 0
 
 

@@ -2,6 +2,7 @@
 reference, and a short end-to-end run."""
 
 import json
+import math
 import os
 
 import pytest
@@ -168,7 +169,9 @@ def test_spearman_against_known_rankings():
     assert report.spearman([1, 2, 3, 4], [5, 3, 2, 0]) == pytest.approx(-1.0)
     # ranks of [0, 0, 1] are [0.5, 0.5, 2]; against [0, 1, 2] Pearson on the ranks is sqrt(3)/2
     assert report.spearman([0, 1, 2], [0, 0, 1]) == pytest.approx(3**0.5 / 2)
-    assert report.spearman([0, 1, 2], [1, 1, 1]) is None
+    assert report.spearman([0, 1, 2], [1, 1, 1]) is None and report.spearman([1, 1, 1], [0, 1, 2]) is None
+    assert report.spearman([0, 1], [1, 0]) == pytest.approx(-1.0)  # two points are enough; one is not
+    assert report.spearman([0], [1]) is None
 
 
 def test_plateau_readout_of_a_known_history():
@@ -185,6 +188,9 @@ def test_plateau_readout_of_a_known_history():
     assert p["halves"] == (pytest.approx(1 / 3), pytest.approx(5 / 3)) and p["learned_step"] == 700
     assert p["spearman"] == pytest.approx(report.spearman(range(6), counts))
     assert report.plateau(hist[:6])["learned_step"] is None
+    none = report.plateau(hist[6:])  # above chance at its first evaluation: no plateau to read
+    assert none["evals"] == none["zero"] == 0 and none["spearman"] is None and none["learned_step"] == 700
+    assert all(math.isnan(v) for v in [none["max"], none["max_relevant"], *none["halves"]])
 
 
 def test_parity_summary_per_run_and_per_setting(capsys):
@@ -207,6 +213,7 @@ def test_parity_summary_per_run_and_per_setting(capsys):
     assert "setting4/seed1:" in out and "from step 10; plateau 1 evaluations: count 0 at 1" in out
     assert ("setting4 (3 seeds) | count 3.000 +- 0.577 | on the relevant bits 1.000 +- 0.000 | test acc > 0.95 at the "
             "end in 2 of 3") in out
+    assert "all " not in out  # the line over every setting needs more than one setting
 
 
 def test_parity_summary_over_every_setting(capsys):

@@ -390,18 +390,18 @@ def test_pyproject_names_every_module():
 def test_time_split_in_minutes(tmp_path, capsys):
     """report.py --times: each run's training, evaluation and final-measurement minutes and their total; runs
     written before the split are left out."""
-    runs = {"vit/seed0": {"history": [], "final": {}, "seconds": {"training": 60, "evaluations": 30, "final": 90}},
+    runs = {"vit/seed0": {"history": [], "final": {}, "seconds": {"training": 600, "evaluations": 30, "final": 90}},
             "mlp/seed0": {"history": [], "final": {}}}
     write_json(str(tmp_path / "metrics.json"), {"script": "vision", "runs": runs})
     report.main(report.parse_args([str(tmp_path), "--times"]))
-    assert capsys.readouterr().out == ("vit/seed0 | training 1.0 min | evaluations 0.5 min | final measurements 1.5 "
-                                       "min | total 3.0 min\n")
+    assert capsys.readouterr().out == ("vit/seed0 | training 10.0 min | evaluations 0.5 min | final measurements 1.5 "
+                                       "min | total 12.0 min\n")
     (tmp_path / "b").mkdir()  # a row of several folders: their sum on a last line
     write_json(str(tmp_path / "b" / "metrics.json"), {"script": "vision", "runs": {"cnn/seed0": {
         "history": [], "final": {}, "seconds": {"training": 30, "evaluations": 30, "final": 30}}}})
     report.main(report.parse_args([str(tmp_path), str(tmp_path / "b"), "--times"]))
-    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 runs | training 1.5 min | evaluations 1.0 min | "
-                                                        "final measurements 2.0 min | total 4.5 min")
+    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 runs | training 10.5 min | evaluations 1.0 min | "
+                                                        "final measurements 2.0 min | total 13.5 min")
 
 
 def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
@@ -506,3 +506,35 @@ def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():
     two = paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
                               ("b", 1): {"k": [0, 0]}}, "b")
     assert report.paired_text(two["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.5000 (2 seeds)"
+
+
+def test_a_paired_difference_shows_its_error_and_seeds_only_where_it_has_them():
+    """pm(): the sign always; the standard error unless there is none (None, or NaN for one seed); '1 seed' and
+    'n seeds'."""
+    assert report.pm(0.0123, 0.0045, 3) == "+0.0123 +- 0.0045 (3 seeds)"
+    assert report.pm(-0.0123, 0.0045, 1) == "-0.0123 +- 0.0045 (1 seed)"
+    assert report.pm(0.0123, None) == report.pm(0.0123, float("nan")) == "+0.0123"
+    assert report.mean_se([0.25]) == "0.2500" and report.mean_se([0.0, 0.5], ".2f") == "0.25 +- 0.25"
+
+
+def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run(tmp_path, capsys):
+    """report.py --claims OUT: one block per claims-table row, headed by its folder under OUT, its seeds and how many
+    run folders were merged into it; a row whose folder is missing is one 'not run' line."""
+    def final(ood):
+        return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
+                "sens_sparse_fn": 0.0 if ood < 0.5 else 0.09, "sens_frequent_fn": 0.3 if ood < 0.5 else 0.0}
+
+    runs = {f"sparse-lower/seed{s}": {"model": "sparse-lower", "seed": s, "history": [], "final": final(0.0)}
+            for s in range(2)}
+    write_json(str(tmp_path / "synthetic" / "fig12" / "metrics.json"),
+               {"script": "synthetic", "runs": runs, "sources": ["a", "b"]})
+    report.main(report.parse_args(["--claims", str(tmp_path)]))
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith("[")]) == len(report.CLAIMS)
+    assert out[0] == "[synthetic] synthetic/cases: not run"
+    assert out[1:4] == ["[fig12] synthetic/fig12 (2 seeds, 2 folders)",
+                        "sparse-lower (2 seeds) | ood_acc 0.000 +- 0.000 | test_acc 1.000 +- 0.000 | align_sparse "
+                        "0.900 +- 0.000 | align_frequent 0.100 +- 0.000 | sens 0.000 +- 0.000 | sens_sparse_fn 0.000 +- "
+                        "0.000 | sens_frequent_fn 0.300 +- 0.000",
+                        "the model learns the lower-sensitivity feature in every seed in 1 of 1 settings"]
+    assert out[4] == "[vision3k] vision/fmnist-3k: not run" and out[-1] == "[robustness] robustness/fmnist-rob: not run"
