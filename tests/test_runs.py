@@ -534,7 +534,7 @@ def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run
     assert out[0] == "[synthetic] synthetic/cases: not run"
     assert out[1:4] == ["[fig12] synthetic/fig12 (2 seeds, 2 folders)",
                         "sparse-lower (2 seeds) | ood_acc 0.000 +- 0.000 | test_acc 1.000 +- 0.000 | align_sparse "
-                        "0.900 +- 0.000 | align_frequent 0.100 +- 0.000 | sens 0.000 +- 0.000 | sens_sparse_fn 0.000 +- "
-                        "0.000 | sens_frequent_fn 0.300 +- 0.000",
+                        "0.900 +- 0.000 | align_frequent 0.100 +- 0.000 | sens 0.000 +- 0.000 | sens_sparse_fn "
+                        "0.000 +- 0.000 | sens_frequent_fn 0.300 +- 0.000",
                         "the model learns the lower-sensitivity feature in every seed in 1 of 1 settings"]
     assert out[4] == "[vision3k] vision/fmnist-3k: not run" and out[-1] == "[robustness] robustness/fmnist-rob: not run"
