@@ -386,6 +386,8 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
     runs = {"roberta-softmax/seed0": run("roberta-softmax", 0, [0.0, 0.0]),
             "roberta-softmax/seed1": run("roberta-softmax", 1, [0.0, 0.0]),
             "lstm/seed0": run("lstm", 0, [0.5, 0.5]), "lstm/seed1": run("lstm", 1, [0.25, 0.25])}
+    for seed, last in enumerate([0.2, 0.4]):  # the LSTM's right-aligned profiles: its last token flips 0.2 and 0.4
+        runs[f"lstm/seed{seed}"]["final"]["profiles"] = {"right": {"sens": [0.0] * 9 + [last], "pairs": [4] * 10}}
     data = {"script": "language", "data": {"test_majority": 0.665}, "runs": runs}
     data["paired"] = report.language_paired(data, ["roberta-softmax", "lstm"])
     report.summary(data)
@@ -395,6 +397,7 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
             "0.3750 +- 0.1250") in out
     assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds) per seed +0.5000, +0.2500" in out
     assert "lstm sensitivity by examples seen | 0: 0.3750 +- 0.1250" in out
+    assert "lstm profile | last 10 0.0300 +- 0.0100\n" in out  # the mean over 10 positions, then over seeds
 
 
 def test_by_length_groups_similar_lengths_and_keeps_row_order():

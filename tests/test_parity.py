@@ -210,7 +210,9 @@ def test_parity_summary_per_run_and_per_setting(capsys):
     out = capsys.readouterr().out
     assert ("setting4/seed0: count 2.000 +- 0.000 (relevant bits 1.000), test acc 0.500; test acc > 0.95 from step "
             "never") in out
-    assert "setting4/seed1:" in out and "from step 10; plateau 1 evaluations: count 0 at 1" in out
+    assert ("setting4/seed1: count 3.000 +- 0.000 (relevant bits 1.000), test acc 1.000; test acc > 0.95 from step "
+            "10; plateau 1 evaluations: count 0 at 1, max 0.00 (relevant 0.00), Spearman with step undefined, halves "
+            "nan -> 0.00") in out  # one evaluation: no first half
     assert ("setting4 (3 seeds) | count 3.000 +- 0.577 | on the relevant bits 1.000 +- 0.000 | test acc > 0.95 at the "
             "end in 2 of 3") in out
     assert "all " not in out  # the line over every setting needs more than one setting

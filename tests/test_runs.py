@@ -294,6 +294,9 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
                                            "n-train"]))
     assert scale["varied"] == {"n-train": [60, 30]}
     assert set(scale["data_scale"]) == {"30", "60"} and not scale["runs"]
+    lines = capsys.readouterr().out.splitlines()  # the summary: the paired differences at each size, smallest first
+    assert [line.split(" | ")[:2] for line in lines if " images | " in line] == [["30 images", "mlp - vit"],
+                                                                                  ["60 images", "mlp - vit"]]
     at = {n: scale["data_scale"][n]["models"]["mlp"]["diff"]["patch:3"]["per_seed"] for n in ["30", "60"]}
     assert at["60"] == {"seed0": d["per_seed"]["seed0"]} and at["30"].keys() == {"seed0"}
     assert (tmp_path / "vision" / "scale" / "data_scale.png").stat().st_size > 5000

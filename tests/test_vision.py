@@ -493,6 +493,28 @@ def test_crossover_and_matched_accuracy_on_made_up_numbers():
     assert got["0.4"]["epoch"] == pytest.approx(2.5) and got["0.4"]["sens@x"] == pytest.approx(0.15)
 
 
+def test_summary_of_a_merged_folder_prints_own_numbers_paired_differences_and_matched_accuracy(capsys):
+    """What report.py prints for a vision folder (and --claims for its rows): each model's own numbers (one seed: the
+    s.e. over its images), its paired difference against the ViT (per image [0.5, 0] - [0, 0]: 0.25 +- 0.25) with
+    the sigmas where the seed-mean curves are level (1 and 10^(5/3)), then the matched-accuracy readings."""
+    curves = {"vit": [0.3, 0.3, 0.3, 0.3], "mlp": [0.2, 0.3, 0.5, 0.2]}
+    data = {"script": "vision", "runs": {f"{m}/seed0": {"model": m, "seed": 0, "history": [], "final": {
+        "train_acc": 0.99, "test_acc": 0.8, "epoch": 10 if m == "vit" else 20,
+        "per_image": {"patch:1": [0.5, 0.0] if m == "mlp" else [0.0, 0.0]},
+        "sens_at": {f"patch:{s:g}": {"sens": v, "stderr": 0.01} for s, v in zip([0.1, 1, 10, 100], vals)},
+        "match_acc": {"0.9": {"epoch": 4.5, "sens@patch:1": 0.25}}}} for m, vals in curves.items()}}
+    data["paired"] = report.vision_paired(data)
+    report.summary(data)
+    assert capsys.readouterr().out.splitlines() == [
+        "vit (1 seed) | train acc 0.990 | test acc 0.800 | epoch 10 | patch:0.1 0.3000 +- 0.0100 | patch:1 0.3000 +- "
+        "0.0100 | patch:10 0.3000 +- 0.0100 | patch:100 0.3000 +- 0.0100",
+        "mlp (1 seed) | train acc 0.990 | test acc 0.800 | epoch 20 | patch:0.1 0.2000 +- 0.0100 | patch:1 0.3000 +- "
+        "0.0100 | patch:10 0.5000 +- 0.0100 | patch:100 0.2000 +- 0.0100",
+        "mlp - vit | patch:1 +0.2500 +- 0.2500 (1 seed, s.e. over inputs) | level at sigma {'patch': ['1', '46.4']}",
+        "vit at train acc 0.9 (1 of 1 seed) | epoch 4.5 | patch:1 0.2500",
+        "mlp at train acc 0.9 (1 of 1 seed) | epoch 4.5 | patch:1 0.2500"]
+
+
 def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
     """The authors' mask: per draw p^2 (row, column) pairs with replacement; every copy of the batch has noise on
     exactly those pixels (all channels), so as many as there are distinct pairs, at most p^2."""
