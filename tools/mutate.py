@@ -9,6 +9,7 @@ test suite (it takes from minutes to an hour, one pytest run per mutant):
     python tools/mutate.py --files robustness.py --jobs 1
     python tools/mutate.py --list                 # only print the mutants
     python tools/mutate.py --sample 300           # a random 300 of them: the kill rate with its standard error
+    python tools/mutate.py --files report.py --functions summary claims   # only these functions
     python tools/mutate.py --rerun out/mutate/report.json   # only that report's survivors, after adding tests
 
 It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
@@ -37,9 +38,15 @@ TARGETS = {
     "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume"],
                 ["tests/test_runs.py", "tests/test_cli.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
-                   "language_paired", "robustness_summary", "merge"],
+                   "language_paired", "robustness_summary", "merge",
+                   # what prints the claims table's numbers (report.py --claims)
+                   "over_seeds", "pm", "paired_text", "own_numbers", "matched_accuracy", "end_point", "spearman",
+                   "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
+                   "synthetic_claim", "fell_to", "grokking_claim", "robustness_claim", "time_split", "claims",
+                   "differing_flags"],
                   ["tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py", "tests/test_grokking.py",
-                   "tests/test_robustness.py"]),
+                   "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
+                   "tests/test_imagenet.py"]),
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "Attention.forward"],
@@ -179,13 +186,19 @@ def main():
     p.add_argument("--files", nargs="+", default=list(TARGETS), choices=list(TARGETS), help="files to mutate")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants run side by side")
     p.add_argument("--timeout", type=int, default=300, help="seconds before a mutant's test run counts as failed")
+    p.add_argument("--functions", nargs="+", default=None, help="only these functions of the files (as in TARGETS)")
     p.add_argument("--list", action="store_true", help="only list the mutants")
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample draw")
     p.add_argument("--rerun", type=str, default=None, help="run only the mutants that survived in this JSON report")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
     args = p.parse_args()
-    todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, TARGETS[path][0])]
+    names = {path: [n for n in TARGETS[path][0] if args.functions is None or n in args.functions]
+             for path in args.files}
+    unknown = set(args.functions or []) - {n for ns in names.values() for n in ns}
+    if unknown:
+        p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
+    todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, names[path])]
     if args.list:
         for path, name, line, what, _, _ in todo:
             print(f"{path}:{line} {name}: {what}")
