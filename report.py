@@ -289,7 +289,7 @@ def robustness_summary(data):
             v = np.array([f[k] for f in finals if f.get(k) is not None], dtype=float)
             if len(v):
                 out[label][k] = [float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None]
-        print(f"{label} ({len(finals)} seeds) | " + " | ".join(
+        print(f"{label} ({seeds(len(finals))}) | " + " | ".join(
             f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
             ((k, out[label][k]) for k in keys if k in out[label])))
     pts = [(f["sens"], f["mean_corruption_acc"]) for finals in robustness_groups(data).values() for f in finals
@@ -658,7 +658,7 @@ def draw_synthetic(data, folder, plt):
                              ("sens_frequent_fn", "frequent vote")])]
     fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 10), squeeze=False, sharex=True)
     for j, (label, hists) in enumerate(groups.items()):
-        axes[0, j].set_title(f"{label} ({len(hists)} seeds)", fontsize=9)
+        axes[0, j].set_title(f"{label} ({seeds(len(hists))})", fontsize=9)
         for i, (ylabel, keys) in enumerate(rows):
             for key, name in keys:
                 plot_curves(axes[i, j], hists, "step", key, name)
@@ -715,7 +715,7 @@ def draw_vision(data, folder, plt):
                          if mask_sigma(k)[0] == mask} for r in records]
                 sigmas = sorted(set.intersection(*(set(r) for r in rows)))
                 ys = torch.tensor([[r[s] for s in sigmas] for r in rows])
-                line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({len(rows)} seeds)")
+                line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({seeds(len(rows))})")
                 if len(rows) > 1:
                     ax.fill_between(sigmas, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
             ax.set_xscale("log")
@@ -788,7 +788,7 @@ def draw_language(data, folder, plt):
                 pairs = torch.tensor(profs[0]["pairs"])
                 pos = torch.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
                 keep = pairs >= pairs.max() / 4  # drop the rare long tail: positions under a quarter of the pairs reach
-                ax.plot(pos[keep], prof[keep], label=f"{name} ({len(profs)} seeds)")
+                ax.plot(pos[keep], prof[keep], label=f"{name} ({seeds(len(profs))})")
             twin = ax.twinx()
             twin.plot(pos, pairs, color="gray", linewidth=0.8, linestyle=":")
             twin.set_ylabel("pairs reaching the position (dotted)", color="gray")
@@ -813,7 +813,8 @@ def draw_robustness(data, folder, plt):
     for i, (label, finals) in enumerate(groups.items()):
         means = [np.mean([np.mean(list(f["corruption_acc"][c].values())) for f in finals]) for c in names]
         sens = np.mean([f["sens"] for f in finals])
-        ax.bar(np.arange(len(names)) + i * width, means, width, label=f"{label} (sens {sens:.4f}, {len(finals)} seeds)")
+        ax.bar(np.arange(len(names)) + i * width, means, width,
+               label=f"{label} (sens {sens:.4f}, {seeds(len(finals))})")
     ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, [n.replace("_", "\n") for n in names], fontsize=7)
     ax.set_ylabel("test accuracy (mean over severities)")
     ax.legend(fontsize=7)
@@ -825,7 +826,7 @@ def draw_robustness(data, folder, plt):
         ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
         se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
         ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
-                    label=f"{label} ({len(finals)} seeds)")
+                    label=f"{label} ({seeds(len(finals))})")
     ax.set_xlabel("sensitivity (train subset)")
     ax.set_ylabel("mean corruption accuracy (15 standard)")
     ax.legend(fontsize=7)

@@ -496,7 +496,8 @@ def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     assert out["a"]["seeds"] == 2 and out["a"]["sens"] == pytest.approx([0.2, 0.1])
     assert out["a"]["mean_corruption_acc"] == pytest.approx([0.8, 0.1]) and out["b"]["sens"] == [0.5, None]
     assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
-    assert "a (2 seeds) | sens 0.2000 +- 0.1000" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "a (2 seeds) | sens 0.2000 +- 0.1000" in printed and "b (1 seed) | sens 0.5000 |" in printed
 
 
 def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():
