@@ -5,11 +5,13 @@ import importlib
 import io
 import json
 import os
+import random
 import re
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from conftest import stop_at_backward
 import report
 import synthetic
 import vision
-from runs import Progress, Results, cli, duration, git_state, load_results, new_run_dir, write_json
+from runs import (Progress, Results, cli, duration, git_state, given, load_results, new_run_dir, restore, snapshot,
+                  write_json)
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
@@ -70,17 +73,53 @@ def test_git_state_says_when_the_code_is_not_its_commit(tmp_path):
 
 
 def test_strict_json_and_no_replace(tmp_path):
-    """NaN and inf become null; the file is readable by strict parsers; replace=False never replaces a file."""
+    """NaN and inf become null; the file is readable by strict parsers; replace=False never replaces a file. The file
+    gets the permissions the umask gives any new file, and the process keeps its umask."""
     path = tmp_path / "m.json"
-    write_json(str(path), {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
+    before = os.umask(0o027)  # a known umask, whatever earlier tests left
+    try:
+        write_json(str(path), {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf")}})
+        assert os.umask(0o027) == 0o027 and os.stat(path).st_mode & 0o777 == 0o640
+    finally:
+        os.umask(before)
     assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c)) == {"a": None, "b": [1.5, None],
                                                                                      "c": {"d": None}}
-    umask = os.umask(0)
-    os.umask(umask)
-    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
     with pytest.raises(FileExistsError):
         write_json(str(path), {"x": 1}, replace=False)
     assert json.loads(path.read_text())["b"] == [1.5, None] and os.listdir(tmp_path) == ["m.json"]
+    write_json(str(tmp_path / "new.json"), {"x": 1}, replace=False)  # a new file: written, no temp file left
+    assert sorted(os.listdir(tmp_path)) == ["m.json", "new.json"] and json.loads((tmp_path / "new.json").read_text())
+
+
+def test_given_names_a_flag_typed_with_or_without_its_value():
+    assert given(["--lr", "0.1"], "--lr") and given(["--model", "vit", "--lr=0.1"], "--epochs", "--lr")
+    assert not given(["--lr-warmup", "3", "0.1"], "--lr") and not given([], "--lr")
+
+
+def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
+    """restore(snapshot(...)): the weights, the optimizer's state and the Python, NumPy, torch and given generators
+    are put back, so what is drawn and trained after it repeats what followed the snapshot."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(5)
+
+    def step():  # one training step and one draw of each generator
+        loss = model(torch.randn(4, 3, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return [random.random(), float(np.random.rand()), float(torch.rand(1)), float(torch.rand(1, generator=gen))]
+
+    step()
+    snap = snapshot(1, model, opt, [gen])
+    after = step() + [p.detach().clone() for p in model.parameters()]
+    step()  # moves everything on
+    assert restore(snap, model, opt, [gen]) == 1
+    again = step() + [p.detach().clone() for p in model.parameters()]
+    assert after[:4] == again[:4] and all(torch.equal(a, b) for a, b in zip(after[4:], again[4:]))
+    with pytest.raises(ValueError, match=r"^checkpoint.pt does not fit this run's model and optimizer \('model'\)$"):
+        restore({"step": 1}, model, opt)  # the first line of the error, here its only one
 
 
 def test_divergence_rule(tmp_path, capsys):

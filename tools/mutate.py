@@ -35,8 +35,13 @@ TARGETS = {
     "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
                    "summarise", "paired_differences"],
                   ["tests/test_common.py", "tests/test_scale.py"]),
-    "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume"],
-                ["tests/test_runs.py", "tests/test_cli.py"]),
+    "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume",
+                 # the front door, results and resume
+                 "parse_with", "given", "write_json", "load_results", "new_run_dir", "set_rng_state", "restore",
+                 "duration", "Results.final", "Results.finished", "Results.checkpoint", "cli", "start_run",
+                 "Progress.tick", "Progress.evals_left", "Progress.seconds_left", "Progress.guessed_left",
+                 "Progress.seconds"],
+                ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py"]),  # robustness: parse_with
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
                    "language_paired", "robustness_summary", "merge",
                    # what prints the claims table's numbers (report.py --claims)
