@@ -138,8 +138,8 @@ def test_divergence_rule(tmp_path, capsys):
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    """cli(): a normal run returns; ValueError / FileNotFoundError -> 2, a diverged run -> 3, Ctrl-C -> 130, each
-    with one line on stderr and metrics.json marked interrupted."""
+    """cli(): a normal run returns; ValueError / FileNotFoundError (as 'reason: file') / out of memory -> 2, a
+    diverged run -> 3, Ctrl-C -> 130, each with one line on stderr and metrics.json marked interrupted."""
     def main_of(body):
         def main(args):
             return body()
@@ -155,7 +155,10 @@ def test_cli_exit_codes(tmp_path, capsys):
             raise KeyboardInterrupt
 
     for body, code, text in [(lambda: (_ for _ in ()).throw(ValueError("--n-sens 9 asks for more")), 2, "--n-sens"),
-                             (lambda: open(tmp_path / "none.txt"), 2, "No such file or directory"),
+                             (lambda: open(tmp_path / "none.txt"), 2,
+                              f"test_runs.py: No such file or directory: {tmp_path / 'none.txt'}\n"),
+                             (lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")), 2,
+                              "test_runs.py: out of memory; lower --batch-size (or the estimator's chunk)\n"),
                              (lambda: {"runs": {"vit/seed0": {"diverged": {"step": 3}}}}, 3, "vit/seed0"),
                              (interrupted, 130, "interrupted")]:
         with pytest.raises(SystemExit) as e:
@@ -222,7 +225,7 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
         progress.tick(5, False)
         out = capsys.readouterr().out
         assert "estimated time of this run" in out and ("try --small" in out) == hinted, out
-    assert [duration(s) for s in [5, 90, 600, 36000]] == ["5 s", "90 s", "10.0 min", "10.0 h"]
+    assert [duration(s) for s in [5, 90, 600, 36000, 1e6]] == ["5 s", "90 s", "10.0 min", "10.0 h", "277.8 h"]
     # a guess (seconds per step, per evaluation) is told at once: 1,000 steps and 21 evaluations (0 to 1,000 by 50)
     Progress("m/seed0", 0, 1000, 50, every=0, hint="try --small", guess=(3.0, 60.0))
     assert capsys.readouterr().out.splitlines() == [
@@ -581,3 +584,24 @@ def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run
                         "0.000 +- 0.000 | sens_frequent_fn 0.300 +- 0.000",
                         "the model learns the lower-sensitivity feature in every seed in 1 of 1 settings"]
     assert out[4] == "[vision3k] vision/fmnist-3k: not run" and out[-1] == "[robustness] robustness/fmnist-rob: not run"
+
+
+def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys):
+    """start_run: a new out/<script>/<name> folder (a -2 suffix when the name is taken), its Results, and one line
+    naming the folder, the device and the threads."""
+    import argparse
+
+    from runs import start_run
+
+    args = argparse.Namespace(resume=None, run_name=None, out_dir=str(tmp_path), seeds=[0])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first, res = start_run("vision", args, "default", "cpu")
+        second, _ = start_run("vision", args, "default", "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert first == str(tmp_path / "vision" / "default") and second == first + "-2"
+    assert os.path.isfile(os.path.join(first, "metrics.json")) and res.data["args"]["seeds"] == [0]
+    assert capsys.readouterr().out.splitlines() == [f"writing {first} | device cpu | 1 thread",
+                                                    f"writing {second} | device cpu | 1 thread"]
