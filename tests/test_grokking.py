@@ -211,3 +211,18 @@ def test_summary_names_each_runs_phases_and_where_its_sensitivity_was_read(capsy
     assert capsys.readouterr().out.splitlines() == [
         "p/seed0: memorised at epoch 200, grokked at 500, sensitivity at epoch 1500 0.0400",
         "p/seed1: memorised at epoch 200, grokked at 500, sensitivity 0.0400"]
+
+
+def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch):
+    """--lr and --weight-decay reach AdamW with Nanda et al.'s betas (0.9, 0.98); --no-residual reaches the model;
+    each evaluation records the seconds since the run started."""
+    made = {}
+    adamw, model = torch.optim.AdamW, grokking.OneLayerTransformer
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: made.setdefault("opt", kw) and adamw(params, **kw))
+    monkeypatch.setattr(grokking, "OneLayerTransformer",
+                        lambda *a, **kw: made.setdefault("model", kw) and model(*a, **kw))
+    argv = ["--p", "11", "--epochs", "2", "--eval-every", "1", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
+            "--lr", "0.003", "--weight-decay", "0.5", "--no-residual", "--out-dir", str(tmp_path)]
+    hist = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["history"]
+    assert made == {"opt": {"lr": 0.003, "weight_decay": 0.5, "betas": (0.9, 0.98)}, "model": {"residual": False}}
+    assert 0 <= hist[0]["time"] <= hist[-1]["time"] < 600

@@ -98,8 +98,9 @@ def test_bad_sizes_are_rejected():
 
 @pytest.mark.slow
 def test_end_to_end(tmp_path):
-    """A 2-step run of both presets writes metrics.json with the documented keys, and the figure."""
-    args = synthetic.parse_args(["--steps", "2", "--eval-every", "1", "--seeds", "0", "1", "--n-train", "200",
+    """A 4-step run of both presets writes metrics.json with the documented keys, evaluations every --eval-every
+    steps and at the end, and the figure."""
+    args = synthetic.parse_args(["--steps", "4", "--eval-every", "3", "--seeds", "0", "1", "--n-train", "200",
                                  "--n-test", "100", "--n-sens", "50", "--out-dir", str(tmp_path)])
     data = synthetic.main(args)
     folder = tmp_path / "synthetic" / "cases"
@@ -111,7 +112,8 @@ def test_end_to_end(tmp_path):
                 "align_sparse", "align_frequent", "align_irrelevant"]:
         assert isinstance(final[key], float), key
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
-    assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 1, 2]
+    hist = on_disk["runs"]["sparse-lower/seed0"]["history"]
+    assert [h["step"] for h in hist] == [0, 3, 4]
     assert os.path.getsize(folder / "synthetic.png") > 10_000
     os.remove(folder / "synthetic.png")
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone

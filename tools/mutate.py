@@ -58,7 +58,8 @@ TARGETS = {
                   ["tests/test_vision.py", "tests/test_scale.py"]),  # test_scale: torchrun equals one process
     "imagenet.py": (["load_images", "measure", "main"], ["tests/test_imagenet.py"]),
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
-                      "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__"],
+                      "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
+                      "train_one"],
                      ["tests/test_synthetic.py"]),
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
@@ -70,8 +71,10 @@ TARGETS = {
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
                         "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt"],
                        ["tests/test_corruptions.py", "tests/test_robustness.py"]),
-    "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity"], ["tests/test_grokking.py"]),
-    "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity"],
+    "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity", "train_one"],
+                    ["tests/test_grokking.py"]),
+    "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity",
+                   "train_one"],
                   ["tests/test_parity.py"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
