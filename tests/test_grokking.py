@@ -217,10 +217,15 @@ def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch):
     """--lr and --weight-decay reach AdamW with Nanda et al.'s betas (0.9, 0.98); --no-residual reaches the model;
     each evaluation records the seconds since the run started."""
     made = {}
-    adamw, model = torch.optim.AdamW, grokking.OneLayerTransformer
-    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: made.setdefault("opt", kw) and adamw(params, **kw))
-    monkeypatch.setattr(grokking, "OneLayerTransformer",
-                        lambda *a, **kw: made.setdefault("model", kw) and model(*a, **kw))
+
+    def spy(key, make):  # `make` itself, with the keyword arguments it was called with kept in made[key]
+        def called(*a, **kw):
+            made[key] = kw
+            return make(*a, **kw)
+        return called
+
+    monkeypatch.setattr(torch.optim, "AdamW", spy("opt", torch.optim.AdamW))
+    monkeypatch.setattr(grokking, "OneLayerTransformer", spy("model", grokking.OneLayerTransformer))
     argv = ["--p", "11", "--epochs", "2", "--eval-every", "1", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
             "--lr", "0.003", "--weight-decay", "0.5", "--no-residual", "--out-dir", str(tmp_path)]
     hist = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["history"]

@@ -360,26 +360,3 @@ def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path
     with pytest.raises(ValueError, match="must be a uint8"):
         C.corrupt(x.float() / 255, "contrast", 1, torch.Generator())
 
-
-def test_the_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_not_measured(capsys):
-    """report.py's robustness claim (Table 2): each model's summary, then reg - vanilla paired by seed, mean +- s.e.
-    over the seeds both have; a number missing from any of them (sharpness not measured) is left out, not a crash.
-    A folder's summary prints the same per-model lines."""
-    import report
-
-    def run(model, seed, sens, acc, shop=None):
-        return f"{model}/seed{seed}", {"model": model, "seed": seed, "history": [], "final": {
-            "sens": sens, "mean_corruption_acc": acc, "corruption_acc": {"snow": {"1": acc}}, "shop": shop,
-            "shpred": 0.1}}
-
-    data = {"script": "robustness", "runs": dict([
-        run("vit-vanilla", 0, 0.30, 0.60, 1.0), run("vit-vanilla", 1, 0.40, 0.50, 2.0), run("vit-vanilla", 2, 0.5, 0.5),
-        run("vit-reg", 0, 0.10, 0.70, 1.5), run("vit-reg", 1, 0.10, 0.65)])}  # seed 2 of reg missing; no shop for 1
-    report.robustness_claim(data)
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "vit-vanilla (3 seeds) | sens 0.4000 +- 0.0577 | mean_corruption_acc 0.5333 +- 0.0333 | shop " \
-                     "1.5000 +- 0.5000 | shpred 0.1000 +- 0.0000"
-    assert out[-1] == ("vit-reg - vit-vanilla, paired by seed | sens -0.2500 +- 0.0500 (2 seeds) | "
-                       "mean_corruption_acc +0.1250 +- 0.0250 (2 seeds) | shpred +0.0000 +- 0.0000 (2 seeds)")
-    report.summary(data)
-    assert capsys.readouterr().out.splitlines() == out[:-1]

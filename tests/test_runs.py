@@ -525,21 +525,43 @@ def test_merged_language_runs_are_paired_against_the_first_model_asked_for(tmp_p
     assert merged["paired"]["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
 
 
+def robustness_run(model, seed, sens, acc, **more):
+    """('<model>/seed<seed>', a robustness.py run record) with its sensitivity, mean corruption accuracy and `more`."""
+    return f"{model}/seed{seed}", {"model": model, "seed": seed, "history": [], "final": {
+        "sens": sens, "mean_corruption_acc": acc, "corruption_acc": {"snow": {"1": acc}}, **more}}
+
+
 def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     """Per model the mean over seeds with its standard error (std over seeds / sqrt(seeds); none for one seed), and
     Pearson's r of sensitivity against mean corruption accuracy over every model and seed."""
-    def run(model, seed, sens, acc):
-        return {"model": model, "seed": seed, "history": [], "final": {"sens": sens, "mean_corruption_acc": acc,
-                                                                        "corruption_acc": {"snow": {"1": acc}}}}
-
-    data = {"script": "robustness", "runs": {"a/seed0": run("a", 0, 0.1, 0.9), "a/seed1": run("a", 1, 0.3, 0.7),
-                                             "b/seed0": run("b", 0, 0.5, 0.5)}}
+    data = {"script": "robustness", "runs": dict([robustness_run("a", 0, 0.1, 0.9), robustness_run("a", 1, 0.3, 0.7),
+                                                  robustness_run("b", 0, 0.5, 0.5)])}
     out = report.robustness_summary(data)
     assert out["a"]["seeds"] == 2 and out["a"]["sens"] == pytest.approx([0.2, 0.1])
     assert out["a"]["mean_corruption_acc"] == pytest.approx([0.8, 0.1]) and out["b"]["sens"] == [0.5, None]
     assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
     printed = capsys.readouterr().out
     assert "a (2 seeds) | sens 0.2000 +- 0.1000" in printed and "b (1 seed) | sens 0.5000 |" in printed
+
+
+def test_the_robustness_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_not_measured(capsys):
+    """report.py's robustness claim (Table 2): each model's summary, then reg - vanilla paired by seed, mean +- s.e.
+    over the seeds both have; a number missing from any of them (sharpness not measured) is left out, not a crash.
+    A folder's summary prints the same per-model lines."""
+    data = {"script": "robustness", "runs": dict([
+        robustness_run("vit-vanilla", 0, 0.30, 0.60, shop=1.0, shpred=0.1),
+        robustness_run("vit-vanilla", 1, 0.40, 0.50, shop=2.0, shpred=0.1),
+        robustness_run("vit-vanilla", 2, 0.5, 0.5, shop=None, shpred=0.1),
+        robustness_run("vit-reg", 0, 0.10, 0.70, shop=1.5, shpred=0.1),
+        robustness_run("vit-reg", 1, 0.10, 0.65, shop=None, shpred=0.1)])}  # no seed 2 of reg; no shop for seed 1
+    report.robustness_claim(data)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "vit-vanilla (3 seeds) | sens 0.4000 +- 0.0577 | mean_corruption_acc 0.5333 +- 0.0333 | shop " \
+                     "1.5000 +- 0.5000 | shpred 0.1000 +- 0.0000"
+    assert out[-1] == ("vit-reg - vit-vanilla, paired by seed | sens -0.2500 +- 0.0500 (2 seeds) | "
+                       "mean_corruption_acc +0.1250 +- 0.0250 (2 seeds) | shpred +0.0000 +- 0.0000 (2 seeds)")
+    report.summary(data)
+    assert capsys.readouterr().out.splitlines() == out[:-1]
 
 
 def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():

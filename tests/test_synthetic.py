@@ -112,8 +112,7 @@ def test_end_to_end(tmp_path):
                 "align_sparse", "align_frequent", "align_irrelevant"]:
         assert isinstance(final[key], float), key
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
-    hist = on_disk["runs"]["sparse-lower/seed0"]["history"]
-    assert [h["step"] for h in hist] == [0, 3, 4]
+    assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 3, 4]
     assert os.path.getsize(folder / "synthetic.png") > 10_000
     os.remove(folder / "synthetic.png")
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
