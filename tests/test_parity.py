@@ -4,6 +4,7 @@ reference, and a short end-to-end run."""
 import json
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -69,6 +70,21 @@ def test_end_to_end(tmp_path, monkeypatch):
     assert len(final["sens_by_bit"]) == 8 and len(final["relevant_bits"]) == 2
     assert 0 <= final["sens_count_exact"] <= 8
     assert (tmp_path / "parity" / "t" / "parity.png").stat().st_size > 5000
+
+
+@pytest.mark.parametrize("n", [16, 17])
+def test_the_exact_value_up_to_16_bits_and_the_time_of_each_evaluation(tmp_path, n):
+    """n <= 16 bits: the final record holds the exact sensitivity from the Fourier spectrum; 17 bits: none (2^17
+    inputs would be too many). Each evaluation records the seconds since its run started: growing, and within the
+    test's own wall time."""
+    argv = ["--n", str(n), "--k", "2", "--steps", "2", "--eval-every", "1", "--n-train", "100", "--n-test", "20",
+            "--n-sens", "10", "--dim", "8", "--heads", "2", "--out-dir", str(tmp_path)]
+    t0 = time.time()
+    run = parity.main(parity.parse_args(argv))["runs"]["setting1/seed0"]
+    wall = time.time() - t0
+    assert ("sens_count_exact" in run["final"]) == (n <= 16)
+    times = [h["time"] for h in run["history"]]
+    assert 0 <= times[0] <= times[1] <= times[2] == run["final"]["time"] <= wall
 
 
 def test_bad_arguments():

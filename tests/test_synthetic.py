@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import report
+import runs
 import synthetic
 from common import replace, sensitivity
 
@@ -117,6 +118,49 @@ def test_end_to_end(tmp_path):
     os.remove(folder / "synthetic.png")
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
     assert os.path.getsize(folder / "synthetic.png") > 10_000
+
+
+def test_training_and_its_measurements_replay_by_hand(tmp_path):
+    """Two SGD steps of one run, replayed here from the flags: the same minibatches (the order generator seeded
+    with --seeds), the mean logistic loss, fresh gradients each step, so the same training loss at steps 1 and 2;
+    the model's sensitivity with --reps and the seed 10,000 + seed at every evaluation, the two candidate functions'
+    with --reps and the seed itself. A sum in place of the mean, a missing zero_grad or another seed or reps fails."""
+    argv = ["--case", "frequent-lower", "--steps", "2", "--eval-every", "1", "--seeds", "3", "--reps", "3",
+            "--lr", "0.2", "--n-train", "200", "--n-test", "50", "--n-sens", "40", "--out-dir", str(tmp_path)]
+    args = synthetic.parse_args(argv)
+    run = synthetic.main(args)["runs"]["frequent-lower/seed3"]
+
+    [(_, sizes)] = synthetic.settings(args)
+    vocab = synthetic.Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)
+    onehot = torch.eye(vocab.d)
+    sets = synthetic.make_sets(vocab, args, sizes)
+    (ids, y), sens_x = sets["train"], onehot[sets["train"][0][:40]]
+    runs.seed_all(3)
+    model = synthetic.AttentionClassifier(vocab.d, args.dim_head, args.init_std)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    order = torch.Generator().manual_seed(3)
+    for step in [1, 2]:
+        b = torch.randint(200, (args.batch_size,), generator=order)
+        opt.zero_grad()
+        torch.nn.functional.softplus(-y[b] * model(onehot[ids[b]])).mean().backward()
+        opt.step()
+        row = run["history"][step]
+        assert row["step"] == step
+        assert row["train_loss"] == synthetic.evaluate(model, vocab, onehot, sets, sens_x)["train_loss"]
+    assert run["history"][1]["train_loss"] != run["history"][2]["train_loss"]  # the model moved at each step
+    with torch.no_grad():
+        own = sensitivity(lambda xb, idx: model(xb), sens_x, replace(onehot), reps=3, seed=10_003)
+    assert (run["final"]["sens"], run["final"]["sens_stderr"]) == (own.mean, own.stderr)
+    for kind, name in [(0, "sparse"), (1, "frequent")]:
+        cand = sensitivity(synthetic.vote_classifier(vocab, kind), sens_x, replace(onehot), reps=3, seed=3)
+        assert run["final"][f"sens_{name}_fn"] == cand.mean
+    # not vacuous: the sensitivities move with the seed and the number of replacements (in this case the sparse
+    # vote is the sensitive candidate)
+    for f, key in [(synthetic.vote_classifier(vocab, 0), "sens_sparse_fn"), (lambda xb, idx: model(xb), "sens")]:
+        with torch.no_grad():
+            other = [sensitivity(f, sens_x, replace(onehot), reps=r, seed=s).mean
+                     for r, s in [(2, 3), (2, 10_003), (3, 4), (3, 10_004), (3, 3), (3, 10_003)]]
+        assert len(set(other)) == len(other) and run["final"][key] in other
 
 
 def test_evaluate_gives_the_known_accuracy_loss_alignment_and_attention_mass():
