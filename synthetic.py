@@ -268,11 +268,11 @@ def train_one(args, label, sizes, seed, results, device):
                 return None
             # the same replacements at every evaluation (seed fixed), so the curve's steps are not noise
             s = sensitivity(lambda xb, idx: model(xb), sens_x, replace(onehot), reps=args.reps, seed=10_000 + seed)
-            row.update(sens=s.mean, sens_stderr=s.stderr, **cand)
+            row.update(sens=s.mean, sens_stderr=s.stderr, **cand, time=time.time() - t0)
             results.log(run, row)
             print(f"{run} step {step:5d} | loss {row['train_loss']:.4f} | train {row['train_acc']:.3f} | "
                   f"test {row['test_acc']:.3f} | ood {row['ood_acc']:.3f} | sens {row['sens']:.4f} | "
-                  f"align s/f {row['align_sparse']:+.2f}/{row['align_frequent']:+.2f} | {time.time() - t0:.1f}s")
+                  f"align s/f {row['align_sparse']:+.2f}/{row['align_frequent']:+.2f} | {row['time']:.1f}s")
         if step == args.steps:
             break
         b = torch.randint(args.n_train, (args.batch_size,), generator=order, device=device)  # sampled with replacement

@@ -4,6 +4,7 @@ and a short end-to-end run."""
 import json
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import report
 import runs
 import synthetic
 from common import replace, sensitivity
+from conftest import synthetic_final
 
 
 def test_generator_invariants():
@@ -124,11 +126,16 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     """Two SGD steps of one run, replayed here from the flags: the same minibatches (the order generator seeded
     with --seeds), the mean logistic loss, fresh gradients each step, so the same training loss at steps 1 and 2;
     the model's sensitivity with --reps and the seed 10,000 + seed at every evaluation, the two candidate functions'
-    with --reps and the seed itself. A sum in place of the mean, a missing zero_grad or another seed or reps fails."""
+    with --reps and the seed itself. A sum in place of the mean, a missing zero_grad or another seed or reps fails.
+    Each evaluation records its time since the run started."""
     argv = ["--case", "frequent-lower", "--steps", "2", "--eval-every", "1", "--seeds", "3", "--reps", "3",
             "--lr", "0.2", "--n-train", "200", "--n-test", "50", "--n-sens", "40", "--out-dir", str(tmp_path)]
     args = synthetic.parse_args(argv)
+    t0 = time.time()
     run = synthetic.main(args)["runs"]["frequent-lower/seed3"]
+    wall = time.time() - t0
+    times = [h["time"] for h in run["history"]]  # seconds since the run started, at each evaluation
+    assert 0 <= times[0] <= times[1] <= times[2] <= wall
 
     [(_, sizes)] = synthetic.settings(args)
     vocab = synthetic.Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)
@@ -217,24 +224,22 @@ def test_claim_holds_where_every_seed_learns_the_less_sensitive_feature(capsys):
     function is the less sensitive one, and that function is indeed below the other."""
     import report
 
-    def final(ood, sens_sparse, sens_frequent):
-        return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
-                "sens_sparse_fn": sens_sparse, "sens_frequent_fn": sens_frequent}
-
     def runs(**settings):  # {label: [final of each seed]}
         return {"script": "synthetic", "runs": {f"{label}/seed{s}": {"model": label.replace("_", "-"), "seed": s,
                                                                       "history": [], "final": f}
                                                 for label, finals in settings.items() for s, f in enumerate(finals)}}
 
-    held = runs(sparse_lower=[final(0.0, 0.0, 0.3), final(0.0, 0.0, 0.32)], frequent_lower=[final(1.0, 0.09, 0.0)])
+    held = runs(sparse_lower=[synthetic_final(0.0, 0.0, 0.3), synthetic_final(0.0, 0.0, 0.32)],
+                frequent_lower=[synthetic_final(1.0, 0.09, 0.0)])
     report.synthetic_claim(held)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("sparse-lower (2 seeds) | ood_acc 0.000 +- 0.000 | test_acc 1.000 +- 0.000 |")
     assert out[0].endswith("sens_frequent_fn 0.310 +- 0.010")  # the standard error over seeds, 0.02 / 2
     assert out[1].startswith("frequent-lower (1 seed) | ood_acc 1.000 | test_acc 1.000 |")
     assert out[-1] == "the model learns the lower-sensitivity feature in every seed in 2 of 2 settings"
-    for broken in [runs(sparse_lower=[final(0.0, 0.0, 0.3), final(1.0, 0.0, 0.3)]),  # one seed learned the other
-                   runs(sparse_lower=[final(0.0, 0.4, 0.3)]),  # the 'lower' candidate is not lower
-                   runs(sparse_lower=[{}])]:  # no finished seed
+    # one seed learned the other feature; the 'lower' candidate is not lower; no finished seed
+    for broken in [runs(sparse_lower=[synthetic_final(0.0, 0.0, 0.3), synthetic_final(1.0, 0.0, 0.3)]),
+                   runs(sparse_lower=[synthetic_final(0.0, 0.4, 0.3)]),
+                   runs(sparse_lower=[{}])]:
         report.synthetic_claim(broken)
         assert capsys.readouterr().out.splitlines()[-1].endswith(" in 0 of 1 settings")
