@@ -31,6 +31,12 @@ def pooled_linear():
     return nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 1000)).eval()
 
 
+def stand_ins(monkeypatch):
+    """load_model gives a constant "ViT-L/16" and a pooled linear "ConvNeXt-Tiny" in place of torchvision's."""
+    stand_in = {"vit_l_16": Constant(), "convnext_tiny": pooled_linear()}
+    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
+
+
 def fake_imagenet(folder, n=6):
     """n random 60 x 40 pictures in an ImageFolder of two classes."""
     rng = np.random.default_rng(0)
@@ -43,9 +49,7 @@ def fake_imagenet(folder, n=6):
 def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, monkeypatch, capsys):
     """Against a constant "ViT", the other model's paired difference is its own per-image flips: their mean and
     standard error over the images; the summary and report.py --claims print them."""
-    linear = pooled_linear()
-    stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
-    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
+    stand_ins(monkeypatch)
     args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "5",
                                 "--sens-positions", "8", "--sigma", "1", "100", "--out-dir", str(tmp_path / "out"),
                                 "--run-name", "pretrained"])
@@ -96,9 +100,7 @@ def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path
 def test_subsets_of_images_merge_as_seeds_paired_within_each(tmp_path, monkeypatch):
     """Two --data-seed runs merged with --vary data-seed: each model has two "seeds" (subsets), and the difference
     against the ViT is the mean over the subsets of the per-subset paired means."""
-    linear = pooled_linear()
-    stand_in = {"vit_l_16": Constant(), "convnext_tiny": linear}
-    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
+    stand_ins(monkeypatch)
     imgs, folders = fake_imagenet(tmp_path / "imgs"), []
     for s in [0, 1]:
         imagenet.main(imagenet.parse_args(["--imagenet-dir", str(imgs), "--n-sens", "4", "--sigma", "100",

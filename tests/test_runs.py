@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import stop_at_backward
+from conftest import stop_at_backward, synthetic_final
 import report
 import synthetic
 import vision
@@ -588,11 +588,8 @@ def test_a_paired_difference_shows_its_error_and_seeds_only_where_it_has_them():
 def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run(tmp_path, capsys):
     """report.py --claims OUT: one block per claims-table row, headed by its folder under OUT, its seeds and how many
     run folders were merged into it; a row whose folder is missing is one 'not run' line."""
-    def final(ood):
-        return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
-                "sens_sparse_fn": 0.0 if ood < 0.5 else 0.09, "sens_frequent_fn": 0.3 if ood < 0.5 else 0.0}
-
-    runs = {f"sparse-lower/seed{s}": {"model": "sparse-lower", "seed": s, "history": [], "final": final(0.0)}
+    runs = {f"sparse-lower/seed{s}": {"model": "sparse-lower", "seed": s, "history": [],
+                                      "final": synthetic_final(0.0, 0.0, 0.3)}
             for s in range(2)}
     write_json(str(tmp_path / "synthetic" / "fig12" / "metrics.json"),
                {"script": "synthetic", "runs": runs, "sources": ["a", "b"]})
