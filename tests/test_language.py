@@ -4,6 +4,7 @@ masks, the hand-written LSTM against torch.nn.LSTM, the right-aligned sensitivit
 import json
 import math
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 import language
 import report
+import runs
 from runs import strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
@@ -451,20 +453,86 @@ def test_the_fake_task_is_learnable_pairs_made_offline():
 
 
 def test_sens_during_needed_measures_every_sigma_at_the_two_ends_only(tmp_path):
-    """--sens-during needed: every --sigma at initialisation and at the end, the headline sigma alone between; the
-    training, the headline curve and every final and initial number (the paired differences' inputs, the profiles)
-    equal those of a run measuring every sigma at every evaluation."""
+    """--sens-during needed: every --sigma at initialisation and at the end, the headline sigma alone between (on
+    the training pairs and, with --sens-test, the test pairs); the training, the headline curve and every final and
+    initial number (the paired differences' inputs, the profiles) equal those of a run measuring every sigma at every
+    evaluation."""
     argv = ["--task", "fake", "--model", "roberta", "--dim", "16", "--heads", "2", "--depth", "1", "--eval-every",
             "4", "--epochs", "1", "--lr", "1e-3", "--n-sens", "30", "--sens-positions", "3", "--sigma", "3", "30",
-            "--align", "right", "left", "--out-dir", str(tmp_path)]
+            "--align", "right", "left", "--sens-test", "--out-dir", str(tmp_path)]
     runs = {mode: language.main(language.parse_args(argv + ["--sens-during", mode, "--run-name", mode]))["runs"]
             ["roberta-softmax/seed0"] for mode in ["every", "needed"]}
     every, needed = runs["every"]["history"], runs["needed"]["history"]
     assert [h["step"] for h in needed] == [0, 4, 8, 12, 13]
     for a, b in zip(every, needed):
         mid = b["step"] not in (0, 13)
-        assert ("sens@30" in b) == (not mid) and "sens@3" in b
+        assert ("sens@30" in b) == ("sens_test@30" in b) == (not mid) and "sens@3" in b and "sens_test@3" in b
         assert {k: v for k, v in a.items() if k != "time" and not (mid and k.endswith("@30"))} == \
             {k: v for k, v in b.items() if k != "time"}
     assert strict_json(runs["needed"]["final"]) == strict_json(runs["every"]["final"])  # (NaN as null)
     assert needed[-1]["sens@30"] > needed[0]["sens@3"] > 0  # not vacuous: flips at both sigmas
+
+
+def test_training_and_its_measurements_replay_by_hand(tmp_path):
+    """Eight AdamW steps of one run (two epochs of 4 batches of 8 pairs, dropout on), replayed here from the flags:
+    a new order of the pairs at each epoch from the generator seeded with --seeds, the trimmed batch, --lr and
+    --weight-decay, fresh gradients each step, so the same training loss after every step; the initial model's
+    per-pair flips kept for the paired comparison at initialisation, and the final ones, 6 digits each; the final
+    profile in each --align; the time of each evaluation. A fractional --epochs that rounds to no step still trains
+    one."""
+    argv = ["--task", "fake", "--n-train", "30", "--n-test", "20", "--model", "roberta", "--dim", "16", "--heads",
+            "2", "--depth", "1", "--max-len", "24", "--batch-size", "8", "--epochs", "2", "--eval-every", "1",
+            "--lr", "3e-3", "--weight-decay", "0.5", "--seeds", "2", "--n-sens", "6", "--sigma", "0.5", "30",
+            "--align", "right", "left", "--out-dir", str(tmp_path), "--run-name", "r"]
+    args = language.parse_args(argv)
+    t0 = time.time()
+    run = language.main(args)["runs"]["roberta-softmax/seed2"]
+    wall = time.time() - t0
+    assert [h["step"] for h in run["history"]] == list(range(9))
+    assert [h["examples"] for h in run["history"]] == [0, 8, 16, 24, 30, 38, 46, 54, 60]  # the last batch of 6
+    times = [h["time"] for h in run["history"]]
+    assert 0 <= times[0] and times == sorted(times) and times[-1] <= wall
+
+    train = language.fake_pairs(400, 0)[:30]
+    tok = language.Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)
+    x, y = language.encode(train, tok, args.max_len)
+    runs.seed_all(2)
+    model = language.build_model("roberta", "softmax", len(tok.itos), args)
+    init = {k: [round(v, 6) for v in s.per_input.tolist()]
+            for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}
+    assert run["final"]["per_image_init"] == init
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.5)
+    order = torch.Generator().manual_seed(2)
+    for step in range(8):
+        if step % 4 == 0:
+            perm = torch.randperm(30, generator=order)
+        idx = perm[step % 4 * 8:][:8]
+        model.train()
+        loss = F.cross_entropy(model(language.trim(x[idx])), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert run["history"][step + 1]["train_loss"] == language.evaluate(model, x, y)[0], step
+    assert len({h["train_loss"] for h in run["history"]}) == 9  # the model moved at every step
+
+    def same(a, b):  # profiles hold NaN where no measured pair reaches a position
+        return torch.equal(torch.tensor(a).nan_to_num(-1), torch.tensor(b).nan_to_num(-1))
+
+    final = {k: [round(v, 6) for v in s.per_input.tolist()]
+             for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}
+    assert run["final"]["per_image"] == final and final != init
+    profiles = {}
+    for align, sigma in [("right", 0.5), ("left", 0.5), ("left", 30)]:
+        s, pairs = language.measure_sensitivity(model, x[:6], sigma=sigma, reps=1, positions=None, align=align,
+                                                seed=0)
+        profiles[align, sigma] = s.per_position.tolist(), pairs.tolist()
+    for align in ["right", "left"]:  # at the headline sigma
+        assert same(run["final"]["profiles"][align]["sens"], profiles[align, 0.5][0])
+        assert run["final"]["profiles"][align]["pairs"] == profiles[align, 0.5][1]
+    # not vacuous: the alignments differ, and so do the left profiles at the two sigmas
+    assert not same(profiles["right", 0.5][0], profiles["left", 0.5][0])
+    assert not same(profiles["left", 0.5][0], profiles["left", 30][0])
+
+    short = language.main(language.parse_args(argv[:-4] + ["--epochs", "0.01", "--out-dir", str(tmp_path),
+                                                           "--run-name", "short"]))
+    assert [h["step"] for h in short["runs"]["roberta-softmax/seed2"]["history"]] == [0, 1]
