@@ -249,6 +249,8 @@ def main():
     summary = {}
     for path in args.files:
         rs = [r for r in results if r["file"] == path]
+        if not rs:  # a file none of whose functions was asked for (--functions, --rerun)
+            continue
         summary[path] = {"mutants": len(rs), "killed": sum(r["killed"] for r in rs)}
         print(f"{path}: {summary[path]['killed']}/{len(rs)} killed ({summary[path]['killed'] / max(len(rs), 1):.0%})")
     total = sum(s["killed"] for s in summary.values()), sum(s["mutants"] for s in summary.values())
