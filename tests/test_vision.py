@@ -728,3 +728,99 @@ def test_sens_during_needed_resumes_with_the_weights_it_kept(tmp_path, monkeypat
     resumed = vision.main(vision.parse_args(["--resume", str(tmp_path / "vision" / "cut")]))
     drop = lambda r: ([{k: v for k, v in h.items() if k != "time"} for h in r["history"]], r["final"])  # noqa: E731
     assert drop(resumed["runs"]["mlp/seed0"]) == drop(whole["runs"]["mlp/seed0"])
+
+
+def shifted(img, dx, dy):
+    """img moved dx pixels right and dy down, zeros where it came in from (negative: left, up)."""
+    out = torch.zeros_like(img)
+    H, W = img.shape[-2:]
+    out[..., max(dy, 0):H + min(dy, 0), max(dx, 0):W + min(dx, 0)] = \
+        img[..., max(-dy, 0):H + min(-dy, 0), max(-dx, 0):W + min(-dx, 0)]
+    return out
+
+
+@pytest.mark.parametrize("shift,moves", [("1", [(1, 0), (-1, 0), (0, 1), (0, -1)]),
+                                         ("half", [(2, 2), (-2, 2), (2, -2), (-2, -2)])])
+def test_shifted_patch_tokens_are_the_image_and_its_four_shifts(shift, moves):
+    """SPT stacks the image with four shifted copies on the channels before cutting patches: one pixel right, left,
+    down and up ('1', the authors' code), or half a patch along each diagonal ('half', Lee et al.)."""
+    spt = vision.ShiftedPatchTokenization(2, 4, 8, shift=shift)
+    spt.norm, spt.proj = nn.Identity(), nn.Identity()  # the stacked patches themselves
+    img = torch.randn(3, 2, 8, 8)
+    stacked = torch.cat([img] + [shifted(img, dx, dy) for dx, dy in moves], dim=1)
+    assert torch.equal(spt(img), patchify(stacked, 4))
+
+
+def test_sincos_positions_are_their_formula():
+    """sincos_2d(h, w, dim): the patch in row i and column j gets [sin(j w_k), cos(j w_k), sin(i w_k), cos(i w_k)]
+    over k < dim/4, with w_k = 1 / 10000^(k / (dim/4 - 1))."""
+    h, w, dim = 3, 4, 16
+    pos = vision.sincos_2d(h, w, dim)
+    omega = [1 / 10000 ** (k / 3) for k in range(4)]
+    for i in range(h):
+        for j in range(w):
+            want = [math.sin(j * o) for o in omega] + [math.cos(j * o) for o in omega] + \
+                [math.sin(i * o) for o in omega] + [math.cos(i * o) for o in omega]
+            assert pos[i * w + j].tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_the_vits_compute_their_formulas_from_their_parts():
+    """Transformer: x + attention(x), then x + MLP(x), in every block, then a LayerNorm. ViT: the class token
+    before the SPT tokens, plus the learned positions, the head reading the class token. ViT-simple: embedded patches
+    plus the sin-cos positions, the head reading the mean token, and no dropout anywhere. LSA's learned temperature
+    starts at dim_head^-1/2."""
+    torch.manual_seed(0)
+    args = vision.parse_args(["--dataset", "fake28"] + SMALL)
+    img = torch.randn(3, 1, 28, 28)
+    vit, simple = (vision.build_model(name, args, 1, 28, 10).eval() for name in ["vit", "vit-simple"])
+    assert vit.transformer.layers[0][0].log_temperature.exp().item() == pytest.approx(8 ** -0.5)
+    with torch.no_grad():
+        for m in [vit, simple]:
+            for p in m.parameters():  # away from LayerNorm's 1 and 0, so that a sign or a sum shows
+                p.add_(0.1 * torch.randn_like(p))
+
+        def blocks(t, x):
+            for attn, ff in t.layers:
+                x = x + attn(x)
+                x = x + ff(x)
+            return t.norm(x)
+
+        x = torch.randn(3, 50, 32)
+        assert torch.equal(vit.transformer(x), blocks(vit.transformer, x))
+        tokens = torch.cat([vit.cls.expand(3, 1, 32), vit.tokens(img)], dim=1) + vit.pos
+        assert torch.equal(vit(img), vit.head(vit.transformer(tokens)[:, 0]))
+        tokens = simple.embed(patchify(img, 4)) + vision.sincos_2d(7, 7, 32)
+        assert torch.equal(simple(img), simple.head(simple.transformer(tokens).mean(1)))
+    assert all(m.p == 0 for m in simple.modules() if isinstance(m, nn.Dropout))
+    assert all(not isinstance(m, nn.Dropout) or m.p == args.dropout > 0 for m in vit.modules())
+
+
+def test_the_vits_have_the_parameters_of_their_papers():
+    """Parameter counts by hand: the qkv projection has no bias (as vit-pytorch and the authors' code), LSA adds one
+    temperature per block, SPT's LayerNorm and projection read 5 * C * p^2 values per patch, ViT-simple's sin-cos
+    positions are a buffer (not learned)."""
+    args = vision.parse_args(["--dataset", "fake28"] + SMALL)  # dim 32, depth 2, 2 heads of 8, MLP 64, patch 4
+    d, inner, mlp, T, patch = 32, 16, 64, 49, 16  # 7 x 7 patches of 4 x 4 pixels
+
+    def blocks(lsa):
+        attn = 2 * d + d * 3 * inner + inner * d + d + lsa  # LayerNorm, qkv (no bias), output projection, temperature
+        ff = 2 * d + d * mlp + mlp + mlp * d + d
+        return 2 * (attn + ff) + 2 * d  # and the final LayerNorm
+
+    spt = 5 * patch
+    vit = 2 * spt + spt * d + d + d + (T + 1) * d + blocks(1) + d * 10 + 10  # SPT, class token, positions, head
+    simple = 2 * patch + patch * d + d + 2 * d + blocks(0) + d * 10 + 10  # embedding's two LayerNorms and linear map
+    for name, want in [("vit", vit), ("vit-simple", simple)]:
+        assert sum(p.numel() for p in vision.build_model(name, args, 1, 28, 10).parameters()) == want, name
+
+
+def test_convmixer_takes_the_patch_size_and_during_training_the_sampled_positions(monkeypatch):
+    """--patch-size is ConvMixer's patch embedding; measure_during passes --sens-positions to the estimator."""
+    for p in [2, 4]:
+        model = vision.build_model("convmixer", vision.parse_args(["--dataset", "fake", "--patch-size", str(p)]), 3,
+                                   32, 10)
+        assert model.embed[0].kernel_size == model.embed[0].stride == (p, p)
+    seen = []
+    monkeypatch.setattr(vision, "measure_sensitivity", lambda *a, **kw: seen.append(kw["positions"]))
+    vision.measure_during(None, None, vision.parse_args(["--dataset", "fake", "--sens-positions", "3"]))
+    assert seen == [3]

@@ -54,7 +54,13 @@ TARGETS = {
                    "tests/test_imagenet.py"]),
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
-                   "prepare_data", "Attention.forward"],
+                   "prepare_data", "Attention.forward",
+                   # the models and what the training loop measures with
+                   "FeedForward.__init__", "FeedForward.forward", "Attention.__init__", "Transformer.__init__",
+                   "Transformer.forward", "ShiftedPatchTokenization.__init__", "ShiftedPatchTokenization.forward",
+                   "ViT.__init__", "ViT.forward", "SimpleViT.__init__", "SimpleViT.forward", "sincos_2d",
+                   "MLP.__init__", "MLP.forward", "PatchNorm.forward", "build_model", "ablation", "measure_during",
+                   "logged", "cross_entropy"],
                   ["tests/test_vision.py", "tests/test_scale.py"]),  # test_scale: torchrun equals one process
     "imagenet.py": (["load_images", "measure", "main"], ["tests/test_imagenet.py"]),
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
