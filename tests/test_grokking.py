@@ -22,28 +22,47 @@ def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
     assert not torch.equal(grokking.make_data(13, 0.3, seed=1)[2], train)
 
 
-def full_forward(model, tokens):
-    """The textbook computation: causal attention and MLP at every position, logits read at the last one."""
+def full_forward(model, tokens, residual=True):
+    """The textbook computation: causal attention and MLP at every position, logits read at the last one (without
+    the residual stream: each layer's output alone)."""
     x = model.embed(tokens) + model.W_pos  # (B, 3, d)
     q = torch.einsum("btd,hde->bhte", x, model.W_Q)
     k = torch.einsum("btd,hde->bhte", x, model.W_K)
     v = torch.einsum("btd,hde->bhte", x, model.W_V)
     att = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
     att = att.masked_fill(~torch.tril(torch.ones(3, 3, dtype=torch.bool)), float("-inf")).softmax(-1)
-    x = x + torch.einsum("bhte,hed->btd", att @ v, model.W_O)
-    x = x + F.relu(x @ model.W_in + model.b_in) @ model.W_out + model.b_out
+    attn_out = torch.einsum("bhte,hed->btd", att @ v, model.W_O)
+    x = x + attn_out if residual else attn_out
+    mlp_out = F.relu(x @ model.W_in + model.b_in) @ model.W_out + model.b_out
+    x = x + mlp_out if residual else mlp_out
     return x[:, -1] @ model.W_U
 
 
 def test_last_position_shortcut_equals_the_full_computation():
+    """The '=' position alone gives the logits of the whole forward pass, with and without the residual stream
+    (biases drawn away from their zero initialisation, so that their signs show)."""
     torch.manual_seed(0)
-    model = grokking.OneLayerTransformer(13, 32, 4, 64)
     tokens, _, _ = grokking.make_data(13, 0.3, seed=0)
-    out = model(tokens)
-    assert out.shape == (169, 13)
-    assert torch.allclose(out, full_forward(model, tokens), atol=1e-5)
-    assert model(tokens[:5]).shape == (5, 13)
-    assert grokking.OneLayerTransformer(13, 32, 4, 64, residual=False)(tokens).shape == (169, 13)
+    for residual in [True, False]:
+        model = grokking.OneLayerTransformer(13, 32, 4, 64, residual=residual)
+        with torch.no_grad():
+            model.b_in.normal_()
+            model.b_out.normal_()
+        out = model(tokens)
+        assert out.shape == (169, 13)
+        assert torch.allclose(out, full_forward(model, tokens, residual), atol=1e-5), residual
+        assert model(tokens[:5]).shape == (5, 13)
+
+
+def test_initialisation_scales():
+    """Gaussian weights of std d_model^-1/2 (embeddings, positions, queries, keys, values, MLP input, unembedding),
+    (heads * d_head)^-1/2 (attention output) and d_mlp^-1/2 (MLP output); zero biases."""
+    torch.manual_seed(0)
+    model = grokking.OneLayerTransformer(97, 64, 2, 512)  # heads * d_head = 64 = d_model: 2 heads of 32
+    scales = {"W_E": 64, "W_pos": 64, "W_Q": 64, "W_K": 64, "W_V": 64, "W_O": 64, "W_in": 64, "W_out": 512, "W_U": 64}
+    for name, fan in scales.items():
+        assert getattr(model, name).std().item() == pytest.approx(fan**-0.5, rel=0.12), name
+    assert not model.b_in.any() and not model.b_out.any()
 
 
 def test_loss_is_float64_where_float32_underflows():

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import parity
 from common import flip, sensitivity
@@ -255,3 +256,26 @@ def test_parity_summary_over_every_setting(capsys):
                    "3.000 to 3.000, on the relevant bits 3.000 to 3.000 | plateau: count 0 at 50 to 60% of its "
                    "evaluations, its largest count 2.0 to 2.0 | Spearman with step positive in 1 of 2 (-0.89 to +0.95)"
                    " | second half above the first in 1 of 2")
+
+
+def test_the_transformer_computes_its_formula():
+    """Bits as tokens (the embedding of -1 or +1, plus a learned position), a class token in front, pre-norm blocks of
+    softmax(q k^T / sqrt(d_head)) v over each head and a GELU MLP, both added to the residual stream, two logits read
+    off the class token. Positions and class token start with std 0.02."""
+    torch.manual_seed(0)
+    model = parity.ParityTransformer(10, 64, 4, 2).eval()
+    assert model.pos.std().item() == pytest.approx(0.02, rel=0.1)  # 704 draws
+    assert model.cls.std().item() == pytest.approx(0.02, rel=0.3)  # 64 draws
+    with torch.no_grad():
+        for p in model.parameters():  # away from LayerNorm's 1 and 0 and from the symmetric start
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randint(0, 2, (5, 10, 1)).float() * 2 - 1
+    h = torch.cat([model.cls.expand(5, 1, 64), model.bit.weight[(x[..., 0] == 1).long()]], dim=1) + model.pos
+    for block in model.blocks:
+        q, k, v = block.qkv(block.ln1(h)).view(5, 11, 3, 4, 16).unbind(2)  # (B, T, heads, d_head) each
+        att = torch.einsum("bthe,bshe->bhts", q, k).div(16**0.5).softmax(-1)
+        h = h + block.proj(torch.einsum("bhts,bshe->bthe", att, v).reshape(5, 11, 64))
+        h = h + block.mlp[2](F.gelu(block.mlp[0](block.ln2(h))))
+    out = model(x)
+    assert out.shape == (5, 2)
+    assert torch.allclose(out, model.head(h[:, 0]), atol=1e-5)
