@@ -66,7 +66,7 @@ TARGETS = {
     "convnets.py": (["BasicBlock.__init__", "BasicBlock.forward", "ResNet18.__init__", "ResNet18.forward",
                      "DenseLayer.__init__", "DenseLayer.forward", "DenseNet121.__init__", "DenseNet121.forward",
                      "ConvMixer.__init__", "ConvMixer.forward", "CNN.__init__", "CNN.forward"],
-                    ["tests/test_vision.py"]),
+                    ["tests/test_convnets.py", "tests/test_vision.py"]),
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
                       "train_one"],
