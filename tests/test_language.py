@@ -110,6 +110,36 @@ def test_hand_written_lstm_matches_torch():
     assert len(list(model.parameters())) == n_params  # its own weights are not the model's
 
 
+def test_lstm_initialisation_and_dropout_are_torchs():
+    """Every LSTM weight starts uniform on [-1/sqrt(H), 1/sqrt(H)] as torch.nn.LSTM's; dropout acts on the embeddings,
+    between layers (not before the first) and before the head, in the hand-written and the fused path alike (the
+    fused torch.nn.LSTM drops between its layers only when there are several); --fused reaches the model."""
+    torch.manual_seed(0)
+    layer = language.LSTMLayer(64, 256)
+    for w in [layer.W_ih, layer.W_hh, layer.b_ih, layer.b_hh]:
+        assert w.abs().max() <= 256**-0.5 and w.min() < -0.9 * 256**-0.5 and w.max() > 0.9 * 256**-0.5
+        assert w.std().item() == pytest.approx(256**-0.5 / 3**0.5, rel=0.1)  # uniform: half-width / sqrt(3)
+
+    class Double(nn.Module):  # a dropout whose effect is known: it doubles what it is given
+        p = 0.5
+
+        def forward(self, x):
+            return 2 * x
+
+    model = language.LSTMClassifier(30, 8, 2, 0.5).train()
+    model.drop = Double()
+    tokens = torch.randint(4, 30, (3, 6))
+    e, mask = model.embed_normed(tokens), tokens != language.PAD
+    x = model.layers[1](2 * model.layers[0](2 * e))
+    assert torch.allclose(model.forward_normed(e, mask), model.head(2 * x[:, -1]), atol=1e-6)
+    for depth in [1, 2]:
+        fused = language.LSTMClassifier(30, 8, depth, 0.3, fused=True).train()
+        fused(tokens)
+        assert fused._fused[tokens.device].dropout == (0.3 if depth > 1 else 0.0)
+    args = language.parse_args(["--task", "fake", "--fused"])
+    assert language.build_model("lstm", "softmax", 30, args).fused
+
+
 class LastToken(nn.Module):
     """A stand-in with the models' interface: the label is the sign of the last real token's first coordinate."""
 

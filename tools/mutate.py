@@ -74,7 +74,12 @@ TARGETS = {
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
                      "TextTransformer.forward_from", "LSTMClassifier.prefix_cache", "LSTMClassifier.forward_from",
-                     "train_one"],
+                     "train_one",
+                     # the models
+                     "Block.__init__", "Block.qkv_heads", "TextTransformer.__init__", "TextTransformer.embed_normed",
+                     "TextTransformer.forward_normed", "TextTransformer.forward", "LSTMLayer.__init__", "LSTMLayer.run",
+                     "LSTMClassifier.__init__", "LSTMClassifier.embed_normed", "LSTMClassifier.run_fused",
+                     "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim"],
                     ["tests/test_language.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
                        "Normalize.forward"], ["tests/test_robustness.py"]),
