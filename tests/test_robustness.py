@@ -62,11 +62,14 @@ def test_end_to_end_and_from_vision(tmp_path):
     assert final["mean_extra_acc"] == np.mean(list(final["corruption_acc"]["speckle_noise"].values()))
     assert (tmp_path / "robustness" / "t" / "corruptions.png").exists()
     # a vision.py run saved with --save-model, evaluated without training
-    vision.main(vision.parse_args(small + ["--model", "mlp", "--run-name", "v", "--save-model"]))
+    trained = vision.main(vision.parse_args(small + ["--model", "mlp", "--run-name", "v", "--save-model"]))
     argv = ["--from-vision", str(tmp_path / "vision" / "v"), "--corruptions", "contrast", "--severities", "2",
             "--n-corrupt", "10", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path), "--run-name", "e"]
     data = R.main(R.parse_args(argv))
     assert set(data["runs"]) == {"mlp-vanilla/seed0"} and "shop" in data["runs"]["mlp-vanilla/seed0"]["final"]
+    # the saved weights, not a fresh model: the same losses as the vision run's end
+    saved, loaded = trained["runs"]["mlp/seed0"]["final"], data["runs"]["mlp-vanilla/seed0"]["final"]
+    assert (loaded["train_loss"], loaded["test_loss"]) == (saved["train_loss"], saved["test_loss"])
 
 
 def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch):
@@ -360,3 +363,66 @@ def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path
     with pytest.raises(ValueError, match="must be a uint8"):
         C.corrupt(x.float() / 255, "contrast", 1, torch.Generator())
 
+
+
+def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
+    """The final sensitivity is the first --sigma's patch mask with --reps, --sens-positions and --sens-seed; the
+    corruptions get --n-corrupt, --corruptions, --severities, the release or frost folders and the run's seed, and see
+    the model through Normalize(0.5, 0.5) on [0, 1] images; the sharpness draws from a generator seeded with it."""
+    args = R.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40",
+                         "--n-test", "20", "--n-sens", "4", "--sigma", "2", "3", "--reps", "2", "--sens-positions", "3",
+                         "--sens-seed", "5", "--n-corrupt", "10", "--corruptions", "contrast", "--severities", "2"])
+    args.frost_dir = "textures"  # only handed on: evaluate_corruptions is a spy here
+    data = vision.prepare_data(args, torch.device("cpu"))
+    torch.manual_seed(0)
+    model = vision.build_model("mlp", args, 1, 28, 10).eval()
+    seen = {}
+    real_measure, real_sharpness = vision.measure_sensitivity, R.sharpness
+
+    def measure(*a, **kw):
+        seen["sens"] = kw
+        return real_measure(*a, **kw)
+
+    def corrupt(m, x, y, **kw):
+        seen["corrupt"] = m, kw
+        return {}
+
+    def sharpness(m, x, std, reps, gen):
+        seen["gen"] = gen.initial_seed()
+        return real_sharpness(m, x, std, reps, gen)
+
+    monkeypatch.setattr(vision, "measure_sensitivity", measure)
+    monkeypatch.setattr(R, "evaluate_corruptions", corrupt)
+    monkeypatch.setattr(R, "sharpness", sharpness)
+    R.evaluate_model(model, args, data, seed=7)
+    assert seen["sens"] == dict(patch=args.sens_patch, sigmas=[2.0], masks=["patch"], seed=5, reps=2, positions=3)
+    on_01, kw = seen["corrupt"]
+    assert kw == dict(corruptions=["contrast"], severities=[2], cifar10c_dir=None, n=10, frost_dir="textures", seed=7)
+    x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    assert torch.allclose(on_01(x.float() / 255), model(vision.normalize(x)), atol=1e-5)
+    assert seen["gen"] == 7
+
+
+def test_main_seeds_the_variants_noise_saves_the_summary_and_checks_n_corrupt(tmp_path, monkeypatch):
+    """On one process the noise of augment and reg comes from a generator seeded with the run's seed, and the
+    variant's loss is the one trained; the summary is in metrics.json on disk; --n-corrupt beyond the test set is an
+    error naming the flag."""
+    small = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
+             "--n-sens", "4", "--epochs", "1", "--corruptions", "contrast", "--severities", "1", "--n-sharp", "10",
+             "--sharp-reps", "1", "--out-dir", str(tmp_path)]
+    made, used = [], []
+    real = R.make_loss
+
+    def make_loss(variant, args, gen):
+        made.append((variant, gen.initial_seed()))
+        loss = real(variant, args, gen)
+        return lambda *a: used.append(variant) or loss(*a)
+
+    monkeypatch.setattr(R, "make_loss", make_loss)
+    argv = small + ["--variants", "augment", "--seeds", "3", "--n-corrupt", "10", "--run-name", "m"]
+    data = R.main(R.parse_args(argv))
+    assert made == [("augment", 3)] and used and set(used) == {"augment"}
+    on_disk = json.loads((tmp_path / "robustness" / "m" / "metrics.json").read_text())
+    assert on_disk["summary"] == json.loads(json.dumps(data["summary"])) and on_disk["summary"]
+    with pytest.raises(ValueError, match="--n-corrupt 30 asks for more than the 20 test images"):
+        R.main(R.parse_args(small + ["--n-corrupt", "30", "--run-name", "n"]))

@@ -35,9 +35,9 @@ RUNS = {
                         "--eval-every", "1", "--n-train", "60", "--n-test", "20", "--n-sens", "4", "--batch-size",
                         "20", "--sigma", "1"] + VIT, 7),
     "robustness": (robustness, ["--dataset", "fake28", "--model", "vit", "--variants", "reg", "--epochs", "2",
-                                "--n-train", "40", "--n-test", "20", "--n-sens", "4", "--batch-size", "20",
-                                "--corruptions", "contrast", "--severities", "2", "--n-sharp", "4", "--sharp-reps",
-                                "1", "--sigma", "1"] + VIT, 3),
+                                "--eval-every", "1", "--n-train", "40", "--n-test", "20", "--n-sens", "4",
+                                "--batch-size", "20", "--corruptions", "contrast", "--severities", "2", "--n-sharp",
+                                "4", "--sharp-reps", "1", "--sigma", "1"] + VIT, 3),  # the cut after epoch 1's noise
     "language": (language, ["--model", "gpt2", "lstm", "--dim", "16", "--heads", "2", "--depth", "1", "--epochs", "2",
                             "--batch-size", "4", "--eval-every", "2", "--n-sens", "4", "--sigma", "2"], 6),
 }

@@ -82,7 +82,7 @@ TARGETS = {
                      "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim"],
                     ["tests/test_language.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
-                       "Normalize.forward"], ["tests/test_robustness.py"]),
+                       "Normalize.forward", "evaluate_model", "main"], ["tests/test_robustness.py"]),
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
                         "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt"],
