@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 import language
 import report
-import runs
-from runs import strict_json
+from runs import seed_all, strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
          ("Stocks fell 3% today.", "The weather was sunny, they said.", 0),
@@ -526,7 +525,7 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     train = language.fake_pairs(400, 0)[:30]
     tok = language.Tokenizer([t for a, b, _ in train for t in (a, b)], args.vocab_size)
     x, y = language.encode(train, tok, args.max_len)
-    runs.seed_all(2)
+    seed_all(2)
     model = language.build_model("roberta", "softmax", len(tok.itos), args)
     init = {k: [round(v, 6) for v in s.per_input.tolist()]
             for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import report
-import runs
 import synthetic
 from common import replace, sensitivity
 from conftest import synthetic_final
+from runs import seed_all
 
 
 def test_generator_invariants():
@@ -142,7 +142,7 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     onehot = torch.eye(vocab.d)
     sets = synthetic.make_sets(vocab, args, sizes)
     (ids, y), sens_x = sets["train"], onehot[sets["train"][0][:40]]
-    runs.seed_all(3)
+    seed_all(3)
     model = synthetic.AttentionClassifier(vocab.d, args.dim_head, args.init_std)
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     order = torch.Generator().manual_seed(3)
