@@ -16,9 +16,9 @@ def count(model):
 
 
 def test_resnet18_and_densenet121_are_torchvisions_with_a_cifar_stem():
-    """The CIFAR versions (as in the pytorch-cifar models the paper's Fig. 4 uses) differ from torchvision's ImageNet
+    """The CIFAR versions (the authors' code: a 3x3 stem at stride 1, no max-pool) differ from torchvision's ImageNet
     models only in the stem: a 3x3 convolution to 64 channels in place of the 7x7 one (and, for DenseNet, no
-    LayerNorm after it): 11,173,962 and 6,956,298 parameters for 10 classes."""
+    BatchNorm after it): 11,173,962 and 6,956,298 parameters for 10 classes."""
     resnet = count(torchvision.models.resnet18(num_classes=10)) - 64 * 3 * 7 * 7 + 64 * 3 * 3 * 3
     densenet = count(torchvision.models.densenet121(num_classes=10)) - 64 * 3 * 7 * 7 - 2 * 64 + 64 * 3 * 3 * 3
     assert count(ResNet18(channels=3, classes=10)) == resnet == 11_173_962
