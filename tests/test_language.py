@@ -196,13 +196,43 @@ def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
     write_mrpc(tmp_path / "MRPC", PAIRS * 5, "msr_paraphrase_train.txt")
     write_mrpc(tmp_path / "MRPC", PAIRS[:3], "msr_paraphrase_test.txt")  # labels 1, 0, 1: majority 2/3
     write_mrpc(tmp_path / "MRPC", PAIRS * 2, "train.tsv")
-    write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
+    write_mrpc(tmp_path / "MRPC", [PAIRS[1], PAIRS[3], PAIRS[1], PAIRS[0]], "dev.tsv")  # labels 0, 0, 0, 1
     argv = ["--data-dir", str(tmp_path), "--model", "lstm", "--dim", "8", "--depth", "1", "--epochs", "1",
             "--n-sens", "2", "--eval-every", "100", "--out-dir", str(tmp_path)]
     paper = language.main(language.parse_args(argv + ["--run-name", "p"]))["data"]
     assert paper == {"split": "paper", "n_train": 20, "n_test": 3, "test_majority": pytest.approx(2 / 3)}
     glue = language.main(language.parse_args(argv + ["--run-name", "g", "--split", "glue"]))["data"]
-    assert glue == {"split": "glue", "n_train": 8, "n_test": 4, "test_majority": 0.5}
+    assert glue == {"split": "glue", "n_train": 8, "n_test": 4, "test_majority": 0.75}  # the majority class is 0
+
+
+def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch):
+    """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is
+    an error naming the flag; the fake task is 400 training and 100 test pairs, none shared; the paired differences
+    reach metrics.json on disk."""
+    asked = []
+
+    class Fetched(Exception):
+        pass
+
+    def download(task, data_dir):
+        asked.append((task, data_dir))
+        raise Fetched
+
+    monkeypatch.setattr(language, "download", download)
+    with pytest.raises(Fetched):
+        language.main(language.parse_args(["--download", "--data-dir", str(tmp_path / "glue")]))
+    assert asked == [("mrpc", str(tmp_path / "glue"))]
+    small = ["--task", "fake", "--dim", "8", "--heads", "2", "--depth", "1", "--epochs", "0.1", "--n-sens", "30",
+             "--out-dir", str(tmp_path)]
+    with pytest.raises(ValueError, match="--n-sens 30 asks for more than the 20 test pairs"):
+        language.main(language.parse_args(small + ["--n-test", "20", "--sens-test", "--run-name", "s"]))
+    train, test = language.fake_pairs(400, 0), language.fake_pairs(100, 1)
+    assert not {(a, b) for a, b, _ in train} & {(a, b) for a, b, _ in test}
+    data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
+    assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
+    assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)
+    on_disk = json.loads((tmp_path / "language" / "p" / "metrics.json").read_text())
+    assert on_disk["paired"] == strict_json(data["paired"]) and on_disk["paired"]["final"]["models"]
 
 
 @pytest.mark.slow

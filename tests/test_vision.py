@@ -13,7 +13,7 @@ import torch.nn as nn
 import report
 import vision
 from common import patchify
-from runs import Results
+from runs import Results, strict_json
 
 SMALL = ["--depth", "2", "--heads", "2", "--dim-head", "8", "--dim", "32", "--mlp-dim", "64", "--mlp-hidden", "64"]
 
@@ -144,10 +144,11 @@ def test_end_to_end_on_fake_data(tmp_path):
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
-    vision.main(vision.parse_args(argv))
+    returned = vision.main(vision.parse_args(argv))
     folder = tmp_path / "vision" / "t"
     data = json.loads((folder / "metrics.json").read_text())
     assert set(data["runs"]) == {"vit/seed0", "vit/seed1", "mlp/seed0", "mlp/seed1"}
+    assert data["paired"] == strict_json(returned["paired"]) and data["paired"]["models"]  # saved after the pairing
     final = data["runs"]["vit/seed0"]["final"]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc"]:
         assert isinstance(final[key], float)
@@ -162,6 +163,9 @@ def test_end_to_end_on_fake_data(tmp_path):
         png.unlink()
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
     assert (folder / "sigma_sweep.png").stat().st_size > 5000
+    unsaved = [a for a in argv if a != "--save-model"] + ["--run-name", "u", "--seeds", "0"]
+    vision.main(vision.parse_args(unsaved))
+    assert not list((tmp_path / "vision" / "u").glob("*.pt"))  # a model is saved only when asked
 
 
 @pytest.mark.slow
