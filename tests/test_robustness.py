@@ -364,7 +364,6 @@ def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path
         C.corrupt(x.float() / 255, "contrast", 1, torch.Generator())
 
 
-
 def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
     """The final sensitivity is the first --sigma's patch mask with --reps, --sens-positions and --sens-seed; the
     corruptions get --n-corrupt, --corruptions, --severities, the release or frost folders and the run's seed, and see
