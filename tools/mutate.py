@@ -270,7 +270,7 @@ def main():
         if not rs:  # a file none of whose functions was asked for (--functions, --rerun)
             continue
         summary[path] = {"mutants": len(rs), "killed": sum(r["killed"] for r in rs)}
-        print(f"{path}: {summary[path]['killed']}/{len(rs)} killed ({summary[path]['killed'] / max(len(rs), 1):.0%})")
+        print(f"{path}: {summary[path]['killed']}/{len(rs)} killed ({summary[path]['killed'] / len(rs):.0%})")
     total = sum(s["killed"] for s in summary.values()), sum(s["mutants"] for s in summary.values())
     share = total[0] / max(total[1], 1)
     error = (share * (1 - share) / max(total[1], 1)) ** 0.5  # of a random sample's kill rate (binomial)
