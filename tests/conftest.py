@@ -1,4 +1,5 @@
-"""What several test files share: stopping a run in the middle of its training; a synthetic run's final record."""
+"""What several test files share: stopping a run in the middle of its training; a spy on a function's keyword
+arguments; a synthetic run's final record."""
 
 import os
 import signal
@@ -20,6 +21,14 @@ def stop_at_backward(monkeypatch, n, how="ctrl-c"):
         return real(self, *a, **k)
 
     monkeypatch.setattr(torch.Tensor, "backward", backward)
+
+
+def spy(made, key, make):
+    """`make` itself, with the keyword arguments of its last call kept in made[key]."""
+    def called(*a, **kw):
+        made[key] = kw
+        return make(*a, **kw)
+    return called
 
 
 def synthetic_final(ood, sens_sparse, sens_frequent):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import grokking
 import report
+from conftest import spy
 
 
 def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
@@ -236,15 +237,8 @@ def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch):
     """--lr and --weight-decay reach AdamW with Nanda et al.'s betas (0.9, 0.98); --no-residual reaches the model;
     each evaluation records the seconds since the run started."""
     made = {}
-
-    def spy(key, make):  # `make` itself, with the keyword arguments it was called with kept in made[key]
-        def called(*a, **kw):
-            made[key] = kw
-            return make(*a, **kw)
-        return called
-
-    monkeypatch.setattr(torch.optim, "AdamW", spy("opt", torch.optim.AdamW))
-    monkeypatch.setattr(grokking, "OneLayerTransformer", spy("model", grokking.OneLayerTransformer))
+    monkeypatch.setattr(torch.optim, "AdamW", spy(made, "opt", torch.optim.AdamW))
+    monkeypatch.setattr(grokking, "OneLayerTransformer", spy(made, "model", grokking.OneLayerTransformer))
     argv = ["--p", "11", "--epochs", "2", "--eval-every", "1", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
             "--lr", "0.003", "--weight-decay", "0.5", "--no-residual", "--out-dir", str(tmp_path)]
     hist = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["history"]

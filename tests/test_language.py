@@ -120,8 +120,6 @@ def test_lstm_initialisation_and_dropout_are_torchs():
         assert w.std().item() == pytest.approx(256**-0.5 / 3**0.5, rel=0.1)  # uniform: half-width / sqrt(3)
 
     class Double(nn.Module):  # a dropout whose effect is known: it doubles what it is given
-        p = 0.5
-
         def forward(self, x):
             return 2 * x
 
@@ -557,8 +555,12 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     x, y = language.encode(train, tok, args.max_len)
     seed_all(2)
     model = language.build_model("roberta", "softmax", len(tok.itos), args)
-    init = {k: [round(v, 6) for v in s.per_input.tolist()]
-            for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}
+
+    def flips(model):  # per pair at every --sigma, 6 digits, as metrics.json keeps them
+        return {k: [round(v, 6) for v in s.per_input.tolist()]
+                for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}
+
+    init = flips(model)
     assert run["final"]["per_image_init"] == init
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.5)
     order = torch.Generator().manual_seed(2)
@@ -577,8 +579,7 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     def same(a, b):  # profiles hold NaN where no measured pair reaches a position
         return torch.equal(torch.tensor(a).nan_to_num(-1), torch.tensor(b).nan_to_num(-1))
 
-    final = {k: [round(v, 6) for v in s.per_input.tolist()]
-             for k, (s, _) in language.sensitivities(model, x[:6], args, "right").items()}
+    final = flips(model)
     assert run["final"]["per_image"] == final and final != init
     profiles = {}
     for align, sigma in [("right", 0.5), ("left", 0.5), ("left", 30)]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import corruptions as C
 from common import patchify
+from conftest import spy
 import robustness as R
 import vision
 
@@ -376,11 +377,7 @@ def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
     torch.manual_seed(0)
     model = vision.build_model("mlp", args, 1, 28, 10).eval()
     seen = {}
-    real_measure, real_sharpness = vision.measure_sensitivity, R.sharpness
-
-    def measure(*a, **kw):
-        seen["sens"] = kw
-        return real_measure(*a, **kw)
+    real_sharpness = R.sharpness
 
     def corrupt(m, x, y, **kw):
         seen["corrupt"] = m, kw
@@ -390,7 +387,7 @@ def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
         seen["gen"] = gen.initial_seed()
         return real_sharpness(m, x, std, reps, gen)
 
-    monkeypatch.setattr(vision, "measure_sensitivity", measure)
+    monkeypatch.setattr(vision, "measure_sensitivity", spy(seen, "sens", vision.measure_sensitivity))
     monkeypatch.setattr(R, "evaluate_corruptions", corrupt)
     monkeypatch.setattr(R, "sharpness", sharpness)
     R.evaluate_model(model, args, data, seed=7)
