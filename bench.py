@@ -18,6 +18,9 @@
   batch trimmed to its longest) / the same batches in the pairs' own order; same accuracy.
 - scattered_rows_speedup_<cnn|vit>: vision.py's scattered mask with its copies through the model in batches of 100
   (a CPU; 2,048 on a GPU) / of 2,048 images, the same masks and noise.
+- read_token_speedup_<vit|roberta>: a model evaluated with its last block computing only the token its head reads
+  (the ViT's class token, RoBERTa's <s>) / with every token, as in training: the ViT's sensitivity (patch mask) and
+  RoBERTa's forward passes over MRPC-length pairs in batches of 64; the same predictions.
 - sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
   needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
@@ -55,7 +58,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vision
-from common import default_batch_size, gaussian, patchify, sensitivity
+from common import default_batch_size, gaussian, patchify, sensitivity, unpatchify
 from runs import (ArgumentParser, Results, cli, environment, get_device, nonnegative_int, positive_int,
                   set_threads, write_json)
 
@@ -337,6 +340,31 @@ def bench_scattered(args, images, rounds, device):
     return out
 
 
+def bench_read_token(args, images, rounds, device):
+    """An evaluating ViT (the converged protocol's) and RoBERTa (language.py's) with the last block on the read token
+    alone / on every token. The second sets the model's own training flag alone, which is all its forward reads:
+    its dropout modules stay in eval mode, so both compute the same function."""
+    import language
+
+    vit = vision.build_model("vit", args, 1, 28, 10).to(device).eval()
+    roberta = language.build_model("roberta", "softmax", 1000, language.parse_args([])).to(device).eval()
+    tokens, pairs = patchify(images, 4), mrpc_like(256, device, seed=3)
+
+    @torch.inference_mode()
+    def run(model, every):
+        model.training = every
+        if model is vit:
+            sensitivity(lambda xb, idx: vit(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
+        else:
+            for batch in pairs.split(64):
+                roberta(language.trim(batch))
+        model.training = False
+
+    return {f"read_token_speedup_{name}": median([t[1] / t[0] for t in timed_rounds(
+        [lambda m=model: run(m, False), lambda m=model: run(m, True)], device, rounds)])
+        for name, model in [("vit", vit), ("roberta", roberta)]}
+
+
 def bench_sens_during(n, device):
     """sens_needed_speedup_vit: the wall time of a vision.py training run of the converged protocol's ViT (depth 4, 4
     heads of 16; 3n 28x28 images, 9 epochs, an evaluation after each, the patch mask at sigma 0.1 and 1 on n / 10
@@ -515,8 +543,8 @@ def main(args):
             os.remove(args.out)
 
 
-GROUPS = ["estimator", "training", "scattered", "sens_during", "language", "corruptions", "shared_cpu", "quickstart",
-          "memory"]  # --only's names, in the order they run
+GROUPS = ["estimator", "training", "scattered", "read_token", "sens_during", "language", "corruptions", "shared_cpu",
+          "quickstart", "memory"]  # --only's names, in the order they run
 
 
 def run_all(args):
@@ -553,6 +581,7 @@ def run_all(args):
         "estimator": estimator,
         "training": training,
         "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
+        "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
         "sens_during": lambda: bench_sens_during(n, device),
         "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device),
         "corruptions": lambda: bench_corruptions(device, 10 * n),

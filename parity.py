@@ -133,11 +133,12 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(dim, 3 * heads * dim_head), nn.Linear(heads * dim_head, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
 
-    def forward(self, x):
+    def forward(self, x, rows=None):  # rows: compute the first `rows` tokens only (None: all)
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # B,nh,T,hs
-        att = ((q @ k.transpose(-2, -1)) * self.dim_head**-0.5).softmax(-1)  # (B, nh, T, T)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, -1))  # heads joined, back to the residual
+        q = q[:, :, :rows]  # the queries of the rows computed, over every token's keys
+        att = ((q @ k.transpose(-2, -1)) * self.dim_head**-0.5).softmax(-1)  # (B, nh, rows, T)
+        x = x[:, :rows] + self.proj((att @ v).transpose(1, 2).reshape(B, q.shape[2], -1))  # heads joined
         return x + self.mlp(self.ln2(x))  # pre-norm MLP
 
 
@@ -155,8 +156,10 @@ class ParityTransformer(nn.Module):
 
     def forward(self, x):  # x (B, n, 1) in {-1, +1}
         tok = self.bit((x[..., 0] > 0).long())  # (B, n, dim)
-        h = torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos  # (B, n + 1, dim)
-        return self.head(self.blocks(h)[:, 0])  # two logits from the class token
+        h = self.blocks[:-1](torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos)  # (B, n + 1, dim)
+        # evaluating, the last block computes the class token alone, all the head reads (the same logits up to float
+        # rounding); training computes every token, as the reported runs were trained
+        return self.head(self.blocks[-1](h, rows=None if self.training else 1)[:, 0])  # two logits from the class
 
 
 # -----------------------------------------------------------------------------

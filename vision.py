@@ -240,18 +240,20 @@ class Attention(nn.Module):
         # LSA learns the scale, starting at the usual 1/sqrt(d_head); kept as a log so it stays positive
         self.log_temperature = nn.Parameter(torch.tensor(math.log(dim_head**-0.5))) if lsa else None
 
-    def forward(self, x):
+    def forward(self, x, rows=None):
+        """rows: the outputs of the first `rows` tokens only (their queries over every token's keys); None: all."""
         B, T, _ = x.shape
         q, k, v = self.qkv(self.norm(x)).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        q = q[:, :, :rows]  # (B, nh, rows, hs); [:None] keeps every row
         mask, scale = None, None
         if self.lsa:
-            mask = ~torch.eye(T, dtype=torch.bool, device=x.device)  # True = may attend
+            mask = ~torch.eye(T, dtype=torch.bool, device=x.device)[:rows]  # True = may attend; query i is token i
             q = q * self.log_temperature.exp()  # the learned scale
             scale = 1.0
         # softmax(q k^T * scale + mask) v, fused; the explicit form runs 2x slower on a CPU
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, T, -1))  # heads side by side: (B, T, nh * hs) -> (B, T, dim)
+        return self.out(y.transpose(1, 2).reshape(B, q.shape[2], -1))  # heads side by side, (B, rows, dim)
 
 
 class Transformer(nn.Module):
@@ -264,9 +266,11 @@ class Transformer(nn.Module):
                                      for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
 
-    def forward(self, x):
-        for attn, ff in self.layers:
-            x = x + attn(x)  # each token reads the others
+    def forward(self, x, rows=None):
+        """rows: the last block computes the first `rows` tokens only (those a head reads); None: every token."""
+        for i, (attn, ff) in enumerate(self.layers):
+            keep = rows if i == len(self.layers) - 1 else None  # no later block reads the last block's other tokens
+            x = x[:, :keep] + attn(x, keep)  # each token reads the others
             x = x + ff(x)  # then each is transformed on its own
         return self.norm(x)
 
@@ -307,7 +311,10 @@ class ViT(nn.Module):
     def forward(self, img):
         x = self.tokens(img)  # (B, T, dim)
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos  # (B, T + 1, dim)
-        return self.head(self.transformer(self.drop(x))[:, 0])  # logits from the class token
+        # evaluating, the last block computes the class token alone, all the head reads: 1.25x faster, the same logits
+        # up to float rounding. Training computes every token: the dropout draws, and so the trained models, stay
+        # those of every run reported (RESULTS, where the CPU time goes)
+        return self.head(self.transformer(self.drop(x), rows=None if self.training else 1)[:, 0])  # the class token
 
 
 def sincos_2d(h, w, dim, temperature=10000.0):

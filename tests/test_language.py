@@ -298,10 +298,43 @@ def test_softmax_and_relu_attention_are_their_formulas():
             a = scores.masked_fill(~keep, float("-inf")).softmax(-1) if attn == "softmax" else scores.relu() * keep
             h = x + block.proj((a @ v).transpose(1, 2).reshape(2, 5, 8))
             assert torch.allclose(block(x, mask), h + block.mlp(block.ln2(h)), atol=1e-5), (attn, causal)
+            row = torch.tensor([4, 2])  # one token of each sequence alone: its row of the whole block's output
+            assert torch.allclose(block(x, mask, row), block(x, mask)[torch.arange(2), row, None], atol=1e-5)
     relu, soft = language.Block(8, 2, 4, 16, 0.0, "relu", False), language.Block(8, 2, 4, 16, 0.0, "softmax", False)
     soft.load_state_dict(relu.state_dict())
     assert not torch.allclose(relu(x, mask), soft(x, mask), atol=1e-3)
 
+
+@pytest.mark.parametrize("name,attn", [("roberta", "softmax"), ("roberta", "relu"), ("gpt2", "softmax")])
+def test_an_evaluating_transformer_computes_only_the_read_token_in_its_last_block(name, attn):
+    """The head reads one token (RoBERTa <s>, GPT-2 the last real one), so evaluating, the last block computes that
+    token alone: the logits of every token's computation up to float rounding, and its predictions, on pairs of
+    several lengths. Training computes every token, with the same dropout draws as before."""
+    args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2", "--max-len", "16"])
+    torch.manual_seed(0)
+    model = language.build_model(name, attn, 50, args)
+    tokens = torch.randint(4, 50, (64, 16), generator=torch.Generator().manual_seed(0))
+    tokens[torch.arange(16) >= torch.randint(2, 17, (64, 1), generator=torch.Generator().manual_seed(1))] = language.PAD
+    mask = tokens != language.PAD
+    read = mask.sum(1) - 1 if name == "gpt2" else torch.zeros(64, dtype=torch.long)
+
+    def every_token(e):
+        x = model.drop(e + model.pos.weight[:16])
+        for block in model.blocks:
+            x = block(x, mask)
+        return model.head(model.ln_f(x)[torch.arange(64), read])
+
+    with torch.no_grad():
+        model.head.weight.mul_(30)  # logits far from 0, so that a wrong token read changes predictions
+        e = model.embed_normed(tokens)
+        alone, full = model.eval()(tokens), every_token(e)
+        assert torch.allclose(alone, full, atol=1e-4) and torch.equal(alone.argmax(1), full.argmax(1))
+        assert full.argmax(1).float().mean() not in (0.0, 1.0)  # both classes: not a vacuous comparison
+        model.train()
+        torch.manual_seed(2)
+        trained = model(tokens)
+        torch.manual_seed(2)
+        assert torch.equal(trained, every_token(e))
 
 def test_causal_model_never_sees_later_tokens():
     """GPT-2 attends only to earlier positions: changing tokens 4 and 5 leaves the prediction read at token 3

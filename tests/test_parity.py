@@ -279,3 +279,7 @@ def test_the_transformer_computes_its_formula():
     out = model(x)
     assert out.shape == (5, 2)
     assert torch.allclose(out, model.head(h[:, 0]), atol=1e-5)
+    h = torch.cat([model.cls.expand(5, 1, 64), model.bit.weight[(x[..., 0] == 1).long()]], dim=1) + model.pos
+    assert model.blocks[-1](h, rows=1).shape == (5, 1, 64)  # evaluating, the last block computes the class alone
+    assert torch.equal(out, model.head(model.blocks[-1](model.blocks[0](h), rows=1)[:, 0]))
+    assert torch.equal(model.train()(x), model.head(model.blocks(h)[:, 0]))  # training: every token, as before

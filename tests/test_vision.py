@@ -768,6 +768,42 @@ def test_sincos_positions_are_their_formula():
             assert pos[i * w + j].tolist() == pytest.approx(want, abs=1e-6)
 
 
+def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
+    """The head reads the class token alone, so an evaluating ViT's last block computes only its row: its query over
+    every token's keys and values (LSA: not its own), its MLP, the final norm. Those are the full computation's logits
+    up to float rounding, and its predictions. Training computes every token: the same dropout draws as before."""
+    torch.manual_seed(0)
+    args = vision.parse_args(["--dataset", "fake28"] + SMALL)
+    vit = vision.build_model("vit", args, 1, 28, 10)
+    img = torch.randn(256, 1, 28, 28)
+    t = vit.transformer
+    with torch.no_grad():
+        for p in vit.parameters():  # away from LayerNorm's 1 and 0 and the zero biases
+            p.add_(0.1 * torch.randn_like(p))
+        tokens = torch.cat([vit.cls.expand(256, 1, 32), vit.tokens(img)], dim=1) + vit.pos
+        vit.eval()
+        full, first = t(tokens), t(tokens, rows=1)
+        assert first.shape == (256, 1, 32)  # the other 49 rows are not computed
+        assert torch.allclose(first[:, 0], full[:, 0], atol=1e-5)
+        x = tokens  # by hand: the first block whole, then the class token's query in the last
+        x = x + t.layers[0][0](x)
+        x = x + t.layers[0][1](x)
+        attn, ff = t.layers[1]
+        q, k, v = attn.qkv(attn.norm(x)).view(256, 50, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        scores = (q[:, :, :1] * attn.log_temperature.exp()) @ k.transpose(-2, -1)  # (256, 2, 1, 50)
+        scores[..., 0] = float("-inf")  # LSA: the class token does not attend to itself
+        y = x[:, :1] + attn.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(256, 1, 16))
+        assert torch.allclose(first, t.norm(y + ff(y)), atol=1e-5)
+        logits = vit(img)
+        assert torch.equal(logits, vit.head(first[:, 0]))
+        assert torch.allclose(logits, vit.head(full[:, 0]), atol=1e-5)
+        assert torch.equal(logits.argmax(1), vit.head(full[:, 0]).argmax(1))
+    vit.train()
+    torch.manual_seed(1)
+    trained = vit(img)
+    torch.manual_seed(1)  # every token in every block, dropout included: the forward of the reported runs
+    assert torch.equal(trained, vit.head(t(vit.drop(tokens))[:, 0]))
+
 def test_the_vits_compute_their_formulas_from_their_parts():
     """Transformer: x + attention(x), then x + MLP(x), in every block, then a LayerNorm. ViT: the class token
     before the SPT tokens, plus the learned positions, the head reading the class token. ViT-simple: embedded patches
@@ -792,7 +828,7 @@ def test_the_vits_compute_their_formulas_from_their_parts():
         x = torch.randn(3, 50, 32)
         assert torch.equal(vit.transformer(x), blocks(vit.transformer, x))
         tokens = torch.cat([vit.cls.expand(3, 1, 32), vit.tokens(img)], dim=1) + vit.pos
-        assert torch.equal(vit(img), vit.head(vit.transformer(tokens)[:, 0]))
+        assert torch.equal(vit(img), vit.head(vit.transformer(tokens, rows=1)[:, 0]))  # evaluating: the class alone
         tokens = simple.embed(patchify(img, 4)) + vision.sincos_2d(7, 7, 32)
         assert torch.equal(simple(img), simple.head(simple.transformer(tokens).mean(1)))
     assert all(m.p == 0 for m in simple.modules() if isinstance(m, nn.Dropout))
