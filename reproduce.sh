@@ -235,7 +235,7 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
     --vary model epochs patience momentum
 }
 
-row mnist01 3.2 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
+row mnist01 2.5 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
 do_mnist01() {
   local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000 --epochs 10
     --eval-every 2 --depth 4 --heads 4 --dim-head 16 --sigma 1 3 --sweep --mask patch scattered --match-acc 0.99
