@@ -498,6 +498,11 @@ def sensitivities(model, tokens, args, align, sigmas=None):
                                               align=align, seed=args.sens_seed) for sigma in sigmas or args.sigma}
 
 
+def per_pair(sens):
+    """Each pair's flip rate at every sigma of sensitivities(), to 6 digits: what paired differences are made of."""
+    return {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
+
+
 def train_one(name, attn, seed, args, data, vocab, results):
     """Train one model with AdamW, measuring it at initialisation, every --eval-every steps and at the end. Under
     torchrun every rank draws the same batches and trains on its slice of each. Returns the model, or None if its
@@ -548,7 +553,7 @@ def train_one(name, attn, seed, args, data, vocab, results):
             row["time"] = time.time() - t0
             results.log(run, row)
             if per_image_init is None:  # at initialisation, for the paired comparison there
-                per_image_init = {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
+                per_image_init = per_pair(sens)
             print(f"{run} step {step:6d} | examples {seen:7d} | train loss {row['train_loss']:.4f} acc "
                   f"{row['train_acc']:.3f} | test acc {row['test_acc']:.3f} | majority {row['majority_share']:.3f} | "
                   f"sens {row['sens']:.4f} +- {row['sens_stderr']:.4f} | {row['time']:.0f}s")
@@ -569,7 +574,7 @@ def train_one(name, attn, seed, args, data, vocab, results):
     if args.sens_test:
         final["sens_test"], final["sens_test_stderr"] = row[f"sens_test@{head}"], row[f"sens_test_stderr@{head}"]
     final["sens_at"] = {key: {"sens": s.mean, "stderr": s.stderr} for key, (s, _) in sens.items()}
-    final["per_image"] = {key: [round(v, 6) for v in s.per_input.tolist()] for key, (s, _) in sens.items()}
+    final["per_image"] = per_pair(sens)
     final["per_image_init"] = per_image_init
     # the per-position profile of the final model at the headline sigma, in every alignment asked for
     final["profiles"] = {}

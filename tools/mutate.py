@@ -74,7 +74,7 @@ TARGETS = {
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
                      "TextTransformer.forward_from", "LSTMClassifier.prefix_cache", "LSTMClassifier.forward_from",
-                     "train_one",
+                     "per_pair", "train_one",
                      # the models
                      "Block.__init__", "Block.qkv_heads", "TextTransformer.__init__", "TextTransformer.embed_normed",
                      "TextTransformer.forward_normed", "TextTransformer.forward", "LSTMLayer.__init__", "LSTMLayer.run",
