@@ -336,6 +336,7 @@ def test_an_evaluating_transformer_computes_only_the_read_token_in_its_last_bloc
         torch.manual_seed(2)
         assert torch.equal(trained, every_token(e))
 
+
 def test_causal_model_never_sees_later_tokens():
     """GPT-2 attends only to earlier positions: changing tokens 4 and 5 leaves the prediction read at token 3
     unchanged, and changes the one read at token 5."""

@@ -804,6 +804,7 @@ def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
     torch.manual_seed(1)  # every token in every block, dropout included: the forward of the reported runs
     assert torch.equal(trained, vit.head(t(vit.drop(tokens))[:, 0]))
 
+
 def test_the_vits_compute_their_formulas_from_their_parts():
     """Transformer: x + attention(x), then x + MLP(x), in every block, then a LayerNorm. ViT: the class token
     before the SPT tokens, plus the learned positions, the head reading the class token. ViT-simple: embedded patches
