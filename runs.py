@@ -325,7 +325,6 @@ def for_training(model, device, *, compile_model=False):
     return torch.compile(model) if compile_model else model
 
 
-
 def seed_all(seed):
     random.seed(seed)
     np.random.seed(seed)

@@ -111,8 +111,6 @@ def test_reader_of_the_official_release(tmp_path):
         C.read_release(str(tmp_path), "snow", 1)
 
 
-
-
 def test_zoom_blur_uses_the_reference_zoom_factors(monkeypatch):
     """np.arange(1, c, 0.01) as in make_cifar_c.py: 7, 12, 16, 21 and 26 zooms (not one more at severities 3-5)."""
     counts = []
