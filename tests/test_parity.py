@@ -283,3 +283,7 @@ def test_the_transformer_computes_its_formula():
     assert model.blocks[-1](h, rows=1).shape == (5, 1, 64)  # evaluating, the last block computes the class alone
     assert torch.equal(out, model.head(model.blocks[-1](model.blocks[0](h), rows=1)[:, 0]))
     assert torch.equal(model.train()(x), model.head(model.blocks(h)[:, 0]))  # training: every token, as before
+    for depth in [1, 3]:  # the blocks before the last, and the last, whatever the depth
+        deep = parity.ParityTransformer(10, 64, 4, depth).eval()
+        h = torch.cat([deep.cls.expand(5, 1, 64), deep.bit.weight[(x[..., 0] == 1).long()]], dim=1) + deep.pos
+        assert torch.allclose(deep(x), deep.head(deep.blocks(h)[:, 0]), atol=1e-5), depth
