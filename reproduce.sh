@@ -187,7 +187,7 @@ do_converged() {
     --vary model optimizer lr
 }
 
-row vitsize 14 "Sec. 5: the authors' ViT size against ours (1 seed)"
+row vitsize 14.2 "Sec. 5: the authors' ViT size against ours (1 seed)"
 do_vitsize() {
   local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
     --sweep --mask patch global --n-sens 100 $needed --seeds 0"
