@@ -270,7 +270,11 @@ def test_the_transformer_computes_its_formula():
         for p in model.parameters():  # away from LayerNorm's 1 and 0 and from the symmetric start
             p.add_(0.1 * torch.randn_like(p))
     x = torch.randint(0, 2, (5, 10, 1)).float() * 2 - 1
-    h = torch.cat([model.cls.expand(5, 1, 64), model.bit.weight[(x[..., 0] == 1).long()]], dim=1) + model.pos
+
+    def embedded(m):  # the class token, then each bit's embedding, plus the positions: (5, 11, 64)
+        return torch.cat([m.cls.expand(5, 1, 64), m.bit.weight[(x[..., 0] == 1).long()]], dim=1) + m.pos
+
+    h = embedded(model)
     for block in model.blocks:
         q, k, v = block.qkv(block.ln1(h)).view(5, 11, 3, 4, 16).unbind(2)  # (B, T, heads, d_head) each
         att = torch.einsum("bthe,bshe->bhts", q, k).div(16**0.5).softmax(-1)
@@ -279,11 +283,10 @@ def test_the_transformer_computes_its_formula():
     out = model(x)
     assert out.shape == (5, 2)
     assert torch.allclose(out, model.head(h[:, 0]), atol=1e-5)
-    h = torch.cat([model.cls.expand(5, 1, 64), model.bit.weight[(x[..., 0] == 1).long()]], dim=1) + model.pos
+    h = embedded(model)
     assert model.blocks[-1](h, rows=1).shape == (5, 1, 64)  # evaluating, the last block computes the class alone
     assert torch.equal(out, model.head(model.blocks[-1](model.blocks[0](h), rows=1)[:, 0]))
     assert torch.equal(model.train()(x), model.head(model.blocks(h)[:, 0]))  # training: every token, as before
     for depth in [1, 3]:  # the blocks before the last, and the last, whatever the depth
         deep = parity.ParityTransformer(10, 64, 4, depth).eval()
-        h = torch.cat([deep.cls.expand(5, 1, 64), deep.bit.weight[(x[..., 0] == 1).long()]], dim=1) + deep.pos
-        assert torch.allclose(deep(x), deep.head(deep.blocks(h)[:, 0]), atol=1e-5), depth
+        assert torch.allclose(deep(x), deep.head(deep.blocks(embedded(deep))[:, 0]), atol=1e-5), depth

@@ -768,6 +768,10 @@ def test_sincos_positions_are_their_formula():
             assert pos[i * w + j].tolist() == pytest.approx(want, abs=1e-6)
 
 
+def class_and_patches(vit, img):
+    """What the ViT's transformer is given: the class token before the SPT tokens, plus the learned positions."""
+    return torch.cat([vit.cls.expand(len(img), 1, -1), vit.tokens(img)], dim=1) + vit.pos
+
 def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
     """The head reads the class token alone, so an evaluating ViT's last block computes only its row: its query over
     every token's keys and values (LSA: not its own), its MLP, the final norm. Those are the full computation's logits
@@ -780,7 +784,7 @@ def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
     with torch.no_grad():
         for p in vit.parameters():  # away from LayerNorm's 1 and 0 and the zero biases
             p.add_(0.1 * torch.randn_like(p))
-        tokens = torch.cat([vit.cls.expand(256, 1, 32), vit.tokens(img)], dim=1) + vit.pos
+        tokens = class_and_patches(vit, img)
         vit.eval()
         full, first = t(tokens), t(tokens, rows=1)
         assert first.shape == (256, 1, 32)  # the other 49 rows are not computed
@@ -828,7 +832,7 @@ def test_the_vits_compute_their_formulas_from_their_parts():
 
         x = torch.randn(3, 50, 32)
         assert torch.equal(vit.transformer(x), blocks(vit.transformer, x))
-        tokens = torch.cat([vit.cls.expand(3, 1, 32), vit.tokens(img)], dim=1) + vit.pos
+        tokens = class_and_patches(vit, img)
         assert torch.equal(vit(img), vit.head(vit.transformer(tokens, rows=1)[:, 0]))  # evaluating: the class alone
         tokens = simple.embed(patchify(img, 4)) + vision.sincos_2d(7, 7, 32)
         assert torch.equal(simple(img), simple.head(simple.transformer(tokens).mean(1)))
