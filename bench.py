@@ -18,9 +18,10 @@
   batch trimmed to its longest) / the same batches in the pairs' own order; same accuracy.
 - scattered_rows_speedup_<cnn|vit>: vision.py's scattered mask with its copies through the model in batches of 100
   (a CPU; 2,048 on a GPU) / of 2,048 images, the same masks and noise.
-- read_token_speedup_<vit|roberta>: a model evaluated with its last block computing only the token its head reads
-  (the ViT's class token, RoBERTa's <s>) / with every token, as in training: the ViT's sensitivity (patch mask) and
-  RoBERTa's forward passes over MRPC-length pairs in batches of 64; the same predictions.
+- read_token_speedup_<vit|roberta|gpt2>: a model evaluated with its last block computing only the token its head
+  reads (the ViT's class token, RoBERTa's <s>, GPT-2's last real token) / with every token, as in training: the ViT's
+  sensitivity (patch mask), RoBERTa's forward passes over MRPC-length pairs in batches of 64, and GPT-2's passes over
+  the same pairs resumed from its prefix cache, each perturbed at one position; the same predictions.
 - sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
   needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
@@ -348,7 +349,12 @@ def bench_read_token(args, images, rounds, device):
 
     vit = vision.build_model("vit", args, 1, 28, 10).to(device).eval()
     roberta = language.build_model("roberta", "softmax", 1000, language.parse_args([])).to(device).eval()
-    tokens, pairs = patchify(images, 4), mrpc_like(256, device, seed=3)
+    gpt2 = language.build_model("gpt2", "softmax", 1000, language.parse_args([])).to(device).eval()
+    tokens, pairs = patchify(images, 4), language.trim(mrpc_like(256, device, seed=3))
+    with torch.inference_mode():  # GPT-2 resumes from its clean prefix cache, each pair perturbed at one position
+        e, mask = gpt2.embed_normed(pairs), pairs != language.PAD
+        cache, _ = gpt2.prefix_cache(e, mask)
+    start = (torch.rand(len(pairs), generator=torch.Generator().manual_seed(4)).to(device) * mask.sum(1)).long()
 
     @torch.inference_mode()
     def run(model, every):
@@ -356,13 +362,16 @@ def bench_read_token(args, images, rounds, device):
         if model is vit:
             sensitivity(lambda xb, idx: vit(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
         else:
-            for batch in pairs.split(64):
-                roberta(language.trim(batch))
+            for idx in torch.arange(len(pairs), device=device).split(64):
+                if model is roberta:
+                    roberta(language.trim(pairs[idx]))
+                else:
+                    gpt2.forward_from(e[idx], mask[idx], start[idx], cache, idx)
         model.training = False
 
     return {f"read_token_speedup_{name}": median([t[1] / t[0] for t in timed_rounds(
         [lambda m=model: run(m, False), lambda m=model: run(m, True)], device, rounds)])
-        for name, model in [("vit", vit), ("roberta", roberta)]}
+        for name, model in [("vit", vit), ("roberta", roberta), ("gpt2", gpt2)]}
 
 
 def bench_sens_during(n, device):

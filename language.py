@@ -218,15 +218,18 @@ class Block(nn.Module):
         x = x + self.drop(self.proj(y.transpose(1, 2).reshape(*x.shape[:2], -1)))  # (B, Tq, nh * hs) heads joined
         return x + self.drop(self.mlp(self.ln2(x)))  # pre-norm MLP on the residual stream
 
-    def forward_suffix(self, x, pos, mask, k_cache, v_cache):
+    def forward_suffix(self, x, pos, mask, k_cache, v_cache, row=None):
         """Causal block on each row's suffix only: x (B, K, C) are the rows at absolute positions pos (B, K); the
         keys and values of the positions before them come from the clean cache (B, nh, S, hs), unchanged because
-        causal attention cannot see a later perturbation."""
+        causal attention cannot see a later perturbation. With row (B,), only that suffix token's output (B, 1, C)."""
         S = k_cache.shape[2]  # cached positions: at least every row's positions before its suffix
         q, k, v = self.qkv_heads(x)  # of the suffix's tokens only
         before = (torch.arange(S, device=x.device) < pos[:, :1]) & mask[:, :S]  # (B, S) cached keys before the suffix
         own = pos[:, None, :] <= pos[:, :, None]  # (B, K, K) causal: no real token sees the padding after it
         keep = torch.cat([before[:, None, :].expand(-1, x.shape[1], -1), own], -1)  # (B, K, S + K)
+        if row is not None:  # the one query of each sequence, over every key
+            b = torch.arange(len(x), device=x.device)
+            x, q, keep = x[b, row, None], q[b, :, row, None], keep[b, row, None]
         return self.attend(x, q, (k_cache, k), (v_cache, v), keep[:, None])
 
 
@@ -274,15 +277,18 @@ class TextTransformer(nn.Module):
     def forward_from(self, e, mask, start, cache, idx):
         """Logits of inputs e (B, T, C) equal to the clean inputs idx (rows of the cache) before position start (B,):
         only each row's positions start.. are computed, over the cached keys and values of the others."""
-        B, T, C = e.shape
+        _, T, C = e.shape
         last = mask.sum(1) - 1
         pos = start[:, None] + torch.arange(int((last + 1 - start).max()), device=e.device)  # (B, K) positions
         cols = pos.clamp(max=T - 1)  # a shorter suffix repeats its last column (masked, never read)
         x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]  # (B, K, C) each row's suffix
         S = int(start.max())  # no row reads a cached key at or after its own start
-        for block, (k, v) in zip(self.blocks, cache):
-            x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S])
-        return self.head(self.ln_f(x)[torch.arange(B, device=e.device), last - start])  # the last real token
+        alone = not self.training  # evaluating, the last block computes the last real token alone (forward_normed)
+        for i, (block, (k, v)) in enumerate(zip(self.blocks, cache)):
+            row = last - start if alone and i == len(self.blocks) - 1 else None
+            x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S], row)
+        x = self.ln_f(x)
+        return self.head(x[:, 0] if alone else x[torch.arange(len(x), device=e.device), last - start])
 
 
 class LSTMLayer(nn.Module):

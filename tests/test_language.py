@@ -512,7 +512,8 @@ def test_by_length_groups_similar_lengths_and_keeps_row_order():
                                              ("gpt2", "softmax", False), ("gpt2", "relu", False)])
 def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
     """Resuming from the clean cache at any start (the first token, the middle, the last real one) gives the logits
-    of the full forward pass on the perturbed inputs, and prefix_cache's own logits are the clean ones."""
+    of the full forward pass on the perturbed inputs, and prefix_cache's own logits are the clean ones. GPT-2's last
+    block computes the last real token alone (the one the head reads)."""
     args = language.parse_args(["--dim", "16", "--heads", "2", "--depth", "2", "--max-len", "12"] + ["--fused"] * fused)
     torch.manual_seed(0)
     model = language.build_model(name, attn, 30, args).eval()
@@ -529,7 +530,16 @@ def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
         x[torch.arange(len(idx)), start] += 3 * torch.randn(len(idx), 16, generator=torch.Generator().manual_seed(1))
         full = model.forward_normed(x, mask[idx])
         assert not torch.allclose(full, clean[idx], atol=1e-3)  # the noise moves the logits: not a vacuous check
+        rows = []  # the (copies, tokens) that GPT-2's last MLP computes
+        if name == "gpt2":
+            model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: rows.append(tuple(i[0].shape[:2])))
         assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
+        assert rows == ([(len(idx), 1)] if name == "gpt2" else [])
+        if name == "gpt2":  # its own flag alone (the dropout stays off): every suffix token, as bench.py times it
+            model.training = True
+            assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
+            assert rows[1:] == [(len(idx), 12)]  # the longest suffix: the 12 tokens of row 0
+            model.training = False
         first = start == 0  # a group that starts at the first token reads no cached key at all
         assert torch.allclose(model.forward_from(x[first], mask[idx[first]], start[first], cache, idx[first]),
                               full[first], atol=1e-5)
