@@ -772,6 +772,7 @@ def class_and_patches(vit, img):
     """What the ViT's transformer is given: the class token before the SPT tokens, plus the learned positions."""
     return torch.cat([vit.cls.expand(len(img), 1, -1), vit.tokens(img)], dim=1) + vit.pos
 
+
 def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
     """The head reads the class token alone, so an evaluating ViT's last block computes only its row: its query over
     every token's keys and values (LSA: not its own), its MLP, the final norm. Those are the full computation's logits
