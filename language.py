@@ -259,8 +259,7 @@ class TextTransformer(nn.Module):
             if cache is not None:  # the clean keys and values each block sees, for forward_from
                 cache.append(block.qkv_heads(x)[1:])
             x = block(x, mask, read if alone and i == len(self.blocks) - 1 else None)  # alone: (B, 1, C)
-        x = self.ln_f(x)
-        return self.head(x[:, 0] if alone else x[torch.arange(len(x), device=x.device), read])
+        return self.read_out(x, read, alone)
 
     def forward(self, tokens):
         mask = tokens != PAD
@@ -283,12 +282,18 @@ class TextTransformer(nn.Module):
         cols = pos.clamp(max=T - 1)  # a shorter suffix repeats its last column (masked, never read)
         x = e.gather(1, cols[..., None].expand(-1, -1, C)) + self.pos.weight[cols]  # (B, K, C) each row's suffix
         S = int(start.max())  # no row reads a cached key at or after its own start
+        read = last - start  # the last real token, counted in each row's suffix
         alone = not self.training  # evaluating, the last block computes the last real token alone (forward_normed)
         for i, (block, (k, v)) in enumerate(zip(self.blocks, cache)):
-            row = last - start if alone and i == len(self.blocks) - 1 else None
+            row = read if alone and i == len(self.blocks) - 1 else None
             x = block.forward_suffix(x, pos, mask, k[idx, :, :S], v[idx, :, :S], row)
+        return self.read_out(x, read, alone)
+
+    def read_out(self, x, read, alone):
+        """The logits from the token the head reads: row read (B,) of each sequence of x, or x's one row when the
+        last block computed that token alone."""
         x = self.ln_f(x)
-        return self.head(x[:, 0] if alone else x[torch.arange(len(x), device=e.device), last - start])
+        return self.head(x[:, 0] if alone else x[torch.arange(len(x), device=x.device), read])
 
 
 class LSTMLayer(nn.Module):
