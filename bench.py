@@ -24,6 +24,10 @@
   the same pairs resumed from its prefix cache, each perturbed at one position; the same predictions.
 - sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
   needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
+- paper_vit_step_ms: a training step of the authors' ViT at the paper's size (depth 8, 32 heads of 64; a batch of 100
+  28x28 images, patches of 4), in ms, as vision.py takes it in float32. On a GPU also its levers, each as the eager
+  step's time / the lever's: paper_vit_compile_speedup (vision.py --compile), paper_vit_amp_speedup (--amp),
+  paper_vit_amp_compile_speedup (both), and paper_vit_tf32_speedup (TF32 matmuls, not a flag of the scripts).
 - lstm_fused_speedup: a training step of language.py's LSTM with --fused (torch.nn.LSTM) / the hand-written cell.
 - corruption_images_per_s: images/s of the generated corruptions (corruptions.py: all but frost, severities
   1-5), absolute.
@@ -407,6 +411,43 @@ def bench_sens_during(n, device):
     return {"sens_needed_speedup_vit": every / needed, "sens_needed_measured": sum("sens" in r for r in h)}
 
 
+def bench_paper_vit(n, rounds, device):
+    """The authors' ViT's training step at the paper's size, eager in float32, and on CUDA the same step with each lever
+    of vision.py's GPU path (the same model, optimiser and batch of min(100, n) images, interleaved rounds of 20 steps;
+    one on a CPU, where --compile and --amp are not offered for training). The first call of each is its warm-up (and
+    compilation)."""
+    cuda = device.type == "cuda"
+    args = vision.parse_args(["--dataset", "fashionmnist", "--depth", "8", "--heads", "32", "--dim-head", "64"])
+    torch.manual_seed(0)
+    model = vision.build_model("vit", args, 1, 28, 10).to(device)
+    opt = vision.make_optimizer("vit", model, args)  # the paper's SGD at the ViT's rate
+    g = torch.Generator(device).manual_seed(0)
+    x = torch.randint(0, 256, (min(100, n), 1, 28, 28), generator=g, device=device, dtype=torch.uint8)
+    y = torch.randint(0, 10, (len(x),), generator=g, device=device)
+    steps = 20 if cuda else 1
+
+    def step(fwd, amp=False, tf32=False):
+        def fn():
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            for _ in range(steps):
+                with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+                    loss = F.cross_entropy(fwd(vision.normalize(x)), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            torch.backends.cuda.matmul.allow_tf32 = False  # torch's default
+        return fn
+
+    if not cuda:
+        return {"paper_vit_step_ms": 1000 * median(t[0] for t in timed_rounds([step(model)], device, rounds)) / steps}
+    compiled = torch.compile(model)
+    levers = {"compile": step(compiled), "amp": step(model, amp=True), "amp_compile": step(compiled, amp=True),
+              "tf32": step(model, tf32=True)}
+    times = timed_rounds([step(model), *levers.values()], device, rounds)
+    out = {"paper_vit_step_ms": 1000 * median(t[0] for t in times) / steps}
+    return out | {f"paper_vit_{k}_speedup": median(t[0] / t[i] for t in times) for i, k in enumerate(levers, 1)}
+
+
 def training_workload(n):
     """A small training run on the CPU, as the experiments' are: vision.py's ViT (depth 2, 4 heads of 16, 7x7
     patches) on n 28x28 images, one SGD epoch of batch 100 per call."""
@@ -552,8 +593,8 @@ def main(args):
             os.remove(args.out)
 
 
-GROUPS = ["estimator", "training", "scattered", "read_token", "sens_during", "language", "corruptions", "shared_cpu",
-          "quickstart", "memory"]  # --only's names, in the order they run
+GROUPS = ["estimator", "training", "scattered", "read_token", "sens_during", "paper_vit", "language", "corruptions",
+          "shared_cpu", "quickstart", "memory"]  # --only's names, in the order they run
 
 
 def run_all(args):
@@ -592,6 +633,7 @@ def run_all(args):
         "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
         "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
         "sens_during": lambda: bench_sens_during(n, device),
+        "paper_vit": lambda: bench_paper_vit(n, args.rounds, device),
         "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device),
         "corruptions": lambda: bench_corruptions(device, 10 * n),
         "shared_cpu": lambda: bench_shared_cpu(3 * n, args.rounds),

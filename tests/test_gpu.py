@@ -1,11 +1,13 @@
 """GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains
-in bf16 and still measures in float32, --compile with the default (inductor) backend runs."""
+in bf16 and still measures in float32, --compile with the default (inductor) backend runs, and bench.py times the
+levers of the paper-size ViT."""
 
 import math
 
 import pytest
 import torch
 
+import bench
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
 
@@ -57,3 +59,13 @@ def test_compile_with_the_default_backend(tmp_path):
     data = vision.main(vision.parse_args(SMALL + ["--model", "mlp", "--compile", "--device", "cuda",
                                                   "--out-dir", str(tmp_path)]))
     assert 0 <= data["runs"]["mlp/seed0"]["final"]["train_acc"] <= 1
+
+
+def test_bench_times_the_paper_vit_levers():
+    """bench.py's paper_vit group on CUDA: the eager step and every lever (--compile, --amp, both, TF32) timed, and
+    TF32 switched back off afterwards (torch's default)."""
+    out = bench.bench_paper_vit(100, 1, torch.device("cuda"))
+    assert sorted(out) == sorted(["paper_vit_step_ms"] + [f"paper_vit_{k}_speedup" for k in
+                                                          ["compile", "amp", "amp_compile", "tf32"]])
+    assert all(math.isfinite(v) and v > 0 for v in out.values())
+    assert not torch.backends.cuda.matmul.allow_tf32

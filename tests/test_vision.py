@@ -870,3 +870,32 @@ def test_convmixer_takes_the_patch_size_and_during_training_the_sampled_position
     monkeypatch.setattr(vision, "measure_sensitivity", lambda *a, **kw: seen.append(kw["positions"]))
     vision.measure_during(None, None, vision.parse_args(["--dataset", "fake", "--sens-positions", "3"]))
     assert seen == [3]
+
+
+def test_compile_trains_through_the_compiled_model_and_measures_the_eager_one(tmp_path, monkeypatch):
+    """--compile: the training steps run through torch.compile's module, the evaluations and the sensitivity through
+    the model itself (a compiled one would compile again for every new batch shape). torch.compile is replaced by a
+    wrapper that counts its calls, so the test needs no compiler."""
+
+    class Compiled(nn.Module):
+        calls = 0
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            Compiled.calls += 1
+            return self.model(x)
+
+    monkeypatch.setattr(torch, "compile", Compiled)
+    seen = []
+    for name in ["evaluate", "measure_sensitivity"]:
+        real = getattr(vision, name)
+        monkeypatch.setattr(vision, name, lambda model, *a, real=real, **kw: seen.append(type(model))
+                            or real(model, *a, **kw))
+    vision.main(vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--n-train", "40", "--n-test", "10",
+                                   "--n-sens", "4", "--steps", "3", "--batch-size", "20", "--compile",
+                                   "--out-dir", str(tmp_path)] + SMALL))
+    assert Compiled.calls == 3  # one per training step
+    assert seen and Compiled not in seen
