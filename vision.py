@@ -579,13 +579,9 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
         start = min(restore(snap, model, opt, generators) * steps_per_epoch, num_steps)
         skipped = snap.get("skipped")
     rank, world = ranks()
-    fwd = for_training(model, device, compile_model=args.compile)  # DDP under torchrun, and/or compiled
-    # evaluation and sensitivity run the module itself: sharded by hand, not through DDP, and eager, since a compiled
-    # model compiles again for each new batch shape (on an H100, the authors' ViT's first evaluation took 24 s
-    # compiled and 3.8 s eager)
-    measured = model
+    fwd = for_training(model, device, compile_model=args.compile)  # training steps only; measurements use model
     head = (args.mask[0], args.sigma[0])  # the headline measurement, logged as "sens"
-    per_image = time_forward(measured, normalize(x[:64]))  # a guess of the time to the end until steps are timed
+    per_image = time_forward(model, normalize(x[:64]))  # a guess of the time to the end until steps are timed
     T, sigmas = (size // args.sens_patch) ** 2, len(args.sigma)  # forward passes: a step ~3x, an evaluation these
     guess = 3 * args.batch_size * per_image, per_image * (len(x) + len(data["test_x"]) + len(sens_images) * T * sigmas)
     progress = results.progress(run, start, num_steps, args.eval_every * steps_per_epoch, per_epoch=steps_per_epoch,
@@ -603,10 +599,10 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
                                skipped=skipped)
             if evaluating:
                 row = {"epoch": epoch, "step": step}
-                row["train_loss"], row["train_acc"] = evaluate(measured, x, y)  # on the whole training subset
+                row["train_loss"], row["train_acc"] = evaluate(model, x, y)  # on the whole training subset
                 if results.diverged(run, epoch, row["train_loss"], "epoch"):
                     return None
-                row["test_loss"], row["test_acc"] = evaluate(measured, data["test_x"], data["test_y"])
+                row["test_loss"], row["test_acc"] = evaluate(model, data["test_x"], data["test_y"])
                 history = results.data["runs"][str(run)]["history"]
                 # --until-acc / --patience: the end point, read off the history (so --resume stops where it would have)
                 stop = report.end_point(history + [row], args.until_acc, args.patience)
@@ -617,11 +613,11 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
                 if crossed and skipped is not None:  # its weights were kept for this: measured, then put back
                     now = {k: v.clone() for k, v in model.state_dict().items()}
                     model.load_state_dict(skipped)
-                    history[-1].update(logged(measure_during(measured, sens_images, args), head))
+                    history[-1].update(logged(measure_during(model, sens_images, args), head))
                     model.load_state_dict(now)
                 skipped = None
                 if args.sens_during == "every" or crossed or stop or step == num_steps:
-                    sens = measure_during(measured, sens_images, args)
+                    sens = measure_during(model, sens_images, args)
                     row.update(logged(sens, head))
                 else:  # not measured: kept in case the next evaluation crosses a --match-acc level
                     skipped = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -651,10 +647,10 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
     sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma  # and the --sweep
     for mask in args.mask:  # the final model under every mask
         todo = [s for s in sigmas if (mask, s) not in sens]  # what the last evaluation measured is reused
-        sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
+        sens.update(measure_sensitivity(model, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
                                         seed=args.sens_seed, reps=args.reps, positions=args.sens_positions))
     if args.flat_patches is not None:  # the patch mask on flat and on object patches apart, at the first sigma
-        sens.update(measure_sensitivity(measured, sens_images, patch=args.sens_patch, sigmas=args.sigma[:1],
+        sens.update(measure_sensitivity(model, sens_images, patch=args.sens_patch, sigmas=args.sigma[:1],
                                         masks=["flat"], seed=args.sens_seed, reps=args.reps, flat=args.flat_patches))
     order = args.mask + ["flat", "object"]
     sens = dict(sorted(sens.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
