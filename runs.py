@@ -379,7 +379,8 @@ def torchvision_dataset(cls, root, files, **kw):
     if os.path.exists(root) and not os.path.isdir(root):
         raise ValueError(f"--data-dir {root} is a file, not a folder")
     try:
-        return cls(root=root, download=True, **kw)
+        with one_at_a_time(root):  # seeds started side by side: the first extracts, the others wait, then read
+            return cls(root=root, download=True, **kw)
     except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
         bad = corrupt_file(cls, root)
         if bad:
@@ -388,6 +389,25 @@ def torchvision_dataset(cls, root, files, **kw):
         raise FileNotFoundError(f"cannot load {cls.__name__} from {os.path.abspath(root)} ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} under "
                                 "that folder (or pass --data-dir), and torchvision will use them") from None
+
+
+@contextlib.contextmanager
+def one_at_a_time(folder):
+    """An exclusive lock on folder/.lock while the block runs. torchvision extracts a dataset's archives next to
+    themselves on its first use, and a second process that reads them meanwhile finds them half written. Where the
+    lock cannot be had (a folder that is not writable, a system without fcntl) the block runs unlocked."""
+    try:
+        import fcntl  # POSIX
+        os.makedirs(folder, exist_ok=True)
+        fh = open(os.path.join(folder, ".lock"), "a")
+    except (ImportError, OSError):
+        fh = None
+    if fh is None:
+        yield
+        return
+    with fh:  # closing the file releases the lock
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def corrupt_file(cls, root):

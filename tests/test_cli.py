@@ -160,6 +160,45 @@ def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkey
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
 
 
+def test_seeds_started_together_extract_a_dataset_one_at_a_time(tmp_path):
+    """reproduce.sh starts a row's seeds at once on a fresh --data-dir: while the first extracts the archives, the
+    others must wait rather than read a half-written file (one seed of a vision row failed so)."""
+    import threading
+    import time
+
+    from runs import torchvision_dataset
+
+    class Extracting:  # writes its file in two pieces, as an extraction does, then reads it back
+        resources = []  # (as MNIST's: corrupt_file looks for damaged files among these)
+
+        def __init__(self, root, download):
+            os.makedirs(root, exist_ok=True)
+            path = os.path.join(root, "images")
+            if not os.path.exists(path):
+                with open(path, "w") as fh:
+                    fh.write("half")
+                    fh.flush()
+                    time.sleep(0.3)
+                    fh.write(" and the rest")
+            with open(path) as fh:
+                self.text = fh.read()
+
+    texts, errors = [], []
+
+    def load():
+        try:
+            texts.append(torchvision_dataset(Extracting, str(tmp_path / "data"), "images").text)
+        except Exception as e:
+            errors.append(e)
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)  # the second starts while the first is writing
+    for t in threads:
+        t.join()
+    assert not errors and texts == ["half and the rest"] * 2, (errors, texts)
+
+
 # -----------------------------------------------------------------------------
 # divergence: exit code 3, one line naming the run, metrics.json kept with "diverged"
 
