@@ -551,11 +551,12 @@ def differing_flags(loaded, vary=()):
 
 
 def merge(folders, vary=()):
-    """One metrics dict from several run folders of one script (seeds or models run as separate processes): their
-    runs merged (a run in two folders is a ValueError), the first folder's args, the list of sources, and the
-    script's combined readouts. Folders whose flags differ in more than FREE and `vary` are refused: their numbers
-    would be paired or averaged over different noise, sigmas or images. vision.py folders that differ in the number
-    of training images (vary n-train) become a data-scale study: the paired differences at each size."""
+    """One metrics dict from several run folders of one script (seeds or models run as separate processes): their runs
+    merged (a run in two folders is a ValueError), the first folder's args, the list of sources, the runs that have no
+    final numbers yet ("unfinished"), and the script's combined readouts. Folders whose flags differ in more than FREE
+    and `vary` are refused: their numbers would be paired or averaged over different noise, sigmas or images. vision.py
+    folders that differ in the number of training images (vary n-train) become a data-scale study: the paired
+    differences at each size."""
     loaded = [load_results(f) for f in folders]
     script = loaded[0].get("script")
     if any(d.get("script") != script for d in loaded):
@@ -588,6 +589,8 @@ def merge(folders, vary=()):
             if run in runs:
                 raise ValueError(f"{run} is in more than one of the folders ({folder})")
             runs[run] = r
+            if not r["final"] and not r.get("diverged"):  # still training, or stopped: no final numbers to merge
+                out.setdefault("unfinished", []).append(f"{run} in {folder}")
     if len(by_size) > 1:  # the data-scale study
         out["data_scale"] = {str(n): vision_paired({"runs": runs}) for n, runs in sorted(by_size.items())}
         return out
@@ -960,6 +963,9 @@ def main(args):
         print("wrote", *paths) if paths else print(f"{folder}: nothing to draw yet")
         return data
     data = merge(args.folders, args.vary)
+    for run in data.get("unfinished", []):
+        print(f"note: {run} has no final numbers yet (still running, or stopped: --resume it), so the merge's final "
+              "numbers leave it out")
     if data["script"] == "robustness":
         data["summary"] = robustness_summary(data)
     else:

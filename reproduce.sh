@@ -7,12 +7,13 @@
 #   bash reproduce.sh --list                                                       # the rows and their CPU time
 #
 # A row runs its processes (one per seed and model group, --jobs at a time, one thread each), then merges them with
-# report.py into out/<script>/<row's name>. A run whose folder holds .done is skipped; one that was stopped (Ctrl-C,
-# SIGTERM, kill -9, a reboot) is resumed with --resume from its last checkpoint, so the reproduction can run in
-# pieces across days and ends with the numbers of an uninterrupted one. --data DIR holds the datasets as torchvision
-# and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/, train_32x32.mat
-# and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder), CIFAR-10-C/, frost/ (the six frost
-# textures) where present (gpu).
+# report.py into out/<script>/<row's name>, once every run it merges is done (a run of another row, still running in
+# another reproduce.sh, leaves the merge unmade and says so). A run whose folder holds .done is skipped; one that was
+# stopped (Ctrl-C, SIGTERM, kill -9, a reboot) is resumed with --resume from its last checkpoint, so the reproduction
+# can run in pieces across days and ends with the numbers of an uninterrupted one. --data DIR holds the datasets as
+# torchvision and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/,
+# train_32x32.mat and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder), CIFAR-10-C/, frost/ (the
+# six frost textures) where present (gpu).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -114,10 +115,17 @@ reap() {  # wait for the row's runs; a run that exits 0 is marked done
 }
 
 merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged folder, made anew from its runs
-  local name=$1 script=$2
+  local name=$1 script=$2 f missing=()
   shift 2
   reap
   rm -rf "${out:?}/$script/$name"  # derived from the runs alone: recomputed every time
+  for f in "$@"; do [[ $f == --* ]] && break; [ -f "$f/.done" ] || missing+=("$(basename "$f")"); done
+  if [ ${#missing[@]} -gt 0 ]; then  # merged, they would give claims over fewer seeds or models, and say nothing
+    echo "  merge $name: not made, since these of its runs are not done: ${missing[*]} (run them: the same command" \
+         "again, or --only the row that runs them)"
+    failed+=("merge-$name")
+    return
+  fi
   "$python" report.py "$@" --out-dir "$out" --run-name "$name" > "$out/logs/merge-$name.log" 2>&1 \
     || { echo "  merge $name: FAILED, see $out/logs/merge-$name.log"; failed+=("merge-$name"); }
 }

@@ -4,6 +4,7 @@ rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +104,24 @@ def test_a_rerun_after_an_interruption_ends_with_the_same_numbers(smoke, tmp_pat
     whole = claims(smoke[2], smoke[0])
     for header in [h for h in again if h.startswith(("[converged]", "[parity]"))]:
         assert same_numbers("\n".join(again[header]), "\n".join(whole[header])), (header, again[header])
+
+
+@pytest.mark.slow
+def test_a_merge_waits_for_every_run_it_merges(smoke, tmp_path):
+    """The datascale row merges vision3k's runs too. With one of them not done (still running in another
+    reproduce.sh, or stopped), the merge is not made, and a merged folder of the smoke run is not left behind: the
+    row says which runs, the claims say the row did not run, and the exit code is 1. Done, the merge is made."""
+    for f in (smoke[0] / "vision").glob("fmnist-*-seed*"):
+        shutil.copytree(f, tmp_path / "vision" / f.name)
+    (tmp_path / "vision" / "fmnist-scale3").mkdir()  # a merge made before, from runs since changed
+    (tmp_path / "vision" / "fmnist-3k-seed1" / ".done").unlink()
+    code, out = finish("smoke", "--only", "datascale", "--out", str(tmp_path))
+    assert code == 1, out
+    assert "  merge fmnist-scale3: not made, since these of its runs are not done: fmnist-3k-seed1 (run them" in out
+    assert "[datascale] vision/fmnist-scale3: not run" in out and not (tmp_path / "vision" / "fmnist-scale3").exists()
+    (tmp_path / "vision" / "fmnist-3k-seed1" / ".done").touch()
+    code, out = finish("smoke", "--only", "datascale", "--out", str(tmp_path))
+    assert code == 0 and "not made" not in out and (tmp_path / "vision" / "fmnist-scale3" / "metrics.json").exists()
 
 
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):

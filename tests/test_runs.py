@@ -405,6 +405,28 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
         report.draw({"runs": {}}, str(tmp_path))
 
 
+def test_a_merge_names_the_runs_that_have_no_final_numbers_yet(tmp_path, capsys):
+    """A folder whose run is still training (its final numbers empty) merges, but the merge lists it and says so in
+    one line, since its final numbers are missing from the paired differences; a diverged run, which ended, is not
+    listed."""
+    def folder(name, runs):
+        (tmp_path / name).mkdir()
+        write_json(str(tmp_path / name / "metrics.json"), {"script": "grokking", "args": {}, "runs": runs})
+        return str(tmp_path / name)
+
+    done = folder("done", {"grok/seed0": {"model": "grok", "seed": 0, "history": [],
+                                           "final": {"epoch_memorised": 9, "epoch_grokked": 30, "sens": 0.5}}})
+    going = folder("going", {"grok/seed1": {"model": "grok", "seed": 1, "history": [], "final": {}}})
+    dead = folder("dead", {"grok/seed2": {"model": "grok", "seed": 2, "history": [], "final": {}, "diverged": 7}})
+    merged = report.main(report.parse_args([done, going, dead, "--out-dir", str(tmp_path), "--run-name", "m"]))
+    assert merged["unfinished"] == [f"grok/seed1 in {going}"]
+    assert load_results(str(tmp_path / "grokking" / "m"))["unfinished"] == merged["unfinished"]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: grok/seed1 in {going} has no final numbers yet (still running, or stopped: --resume it), "
+                     "so the merge's final numbers leave it out"]
+    assert "unfinished" not in report.merge([done, dead])
+
+
 def test_the_readme_snippets_run_from_another_folder(tmp_path):
     """Every Python block of the README, saved as a file in another folder and run as the README says (this
     repository on PYTHONPATH), offline: the estimator prints a sensitivity with its standard error, and the
