@@ -6,6 +6,8 @@ import json
 import os
 import re
 import stat
+import threading
+import time
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ import report
 import robustness
 import synthetic
 import vision
-from runs import ArgumentParser, cli
+from runs import ArgumentParser, cli, torchvision_dataset
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
            "grokking": grokking, "parity": parity, "bench": bench, "imagenet": imagenet, "report": report}
@@ -163,11 +165,6 @@ def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkey
 def test_seeds_started_together_extract_a_dataset_one_at_a_time(tmp_path):
     """reproduce.sh starts a row's seeds at once on a fresh --data-dir: while the first extracts the archives, the
     others must wait rather than read a half-written file (one seed of a vision row failed so)."""
-    import threading
-    import time
-
-    from runs import torchvision_dataset
-
     class Extracting:  # writes its file in two pieces, as an extraction does, then reads it back
         resources = []  # (as MNIST's: corrupt_file looks for damaged files among these)
 
