@@ -525,13 +525,15 @@ def rng_state(generators=()):
 
 
 def set_rng_state(state, generators=()):
+    """The states of rng_state() put back. torch takes every generator's state as a CPU tensor, a CUDA generator's
+    too, while a checkpoint loaded onto a GPU (map_location) holds them there: a resume on a GPU once failed so."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
     for g, s in zip(generators, state["generators"]):
-        g.set_state(s)
+        g.set_state(s.cpu())
 
 
 def snapshot(step, model, opt, generators=(), **extra):
