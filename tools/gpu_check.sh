@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
 # The GPU items of reproduce.sh within a fixed wall-time budget: for a lent GPU machine whose minutes are few.
 #
-#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR]    # defaults: 540 s, out/gpu_check; datasets in ./data
+#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [ROW:JOBS ...]   # datasets in ./data
 #
-# In order: the machine (GPU, driver, torch); bench.py's estimator and language figures on the GPU, alone on it (the
-# estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the one GPU, the
-# CUDA tests and three rows of `reproduce.sh gpu` (mnist01, mrpc, vision3k), each stopped with SIGTERM when the budget
-# ends: a stopped run keeps its metrics and checkpoint, and `bash reproduce.sh gpu --only ROW` resumes it later.
+# (defaults: 540 s, out/gpu_check, bench mnist01:3 mrpc:6 vision3k:3)
+# In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU,
+# alone on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the
+# one GPU, the CUDA tests and the rows of `reproduce.sh gpu` given (each as ROW:JOBS, the row and its --jobs),
+# each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and checkpoint, and
+# `bash reproduce.sh gpu --only ROW` resumes it later. A run folder of out/ carried to the machine is skipped when done
+# and resumed when not (without its checkpoint, which is too large to come back: its unfinished model restarts), so
+# `vision3k:1` with the folders of the lends before goes on with the next seed (about 12 min of an H200 each).
 # Everything it measured, without checkpoints, is packed into RESULTS_DIR.tgz: one log per step in RESULTS_DIR, and the
 # run folders and logs of out/ (a machine lent for minutes may give back few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
+shift 2 2> /dev/null || shift $#
+[ $# -gt 0 ] || set -- bench mnist01:3 mrpc:6 vision3k:3
+bench="" rows=()
+for step in "$@"; do
+  if [ "$step" = bench ]; then bench=1
+  elif [[ $step =~ ^[a-z0-9]+:[1-9][0-9]*$ ]]; then rows+=("$step")
+  else echo "gpu_check.sh: a step is bench or ROW:JOBS (a row of reproduce.sh and its --jobs), got $step" >&2; exit 2
+  fi
+done
 python=${PYTHON:-python3}
 [[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: BUDGET_S must be a whole number of seconds" >&2; exit 2; }
 mkdir -p "$res"
@@ -29,20 +42,29 @@ cat "$res/machine.txt"
 
 # torchvision extracts the .gz files on first use: once here, not by six runs at once over each other
 log "extracting the datasets"
-"$python" -c "import vision; [vision.load_dataset(d, 'data', 'cpu') for d in ('fashionmnist', 'mnist01')]" \
-  > "$res/data.log" 2>&1
-log "datasets: exit $?"
+for d in fashionmnist:FashionMNIST mnist01:MNIST; do  # those carried
+  [ -d "data/${d#*:}" ] || continue
+  "$python" -c "import vision; vision.load_dataset('${d%:*}', 'data', 'cpu')" >> "$res/data.log" 2>&1
+  log "${d%:*}: exit $?"
+done
 
 # the estimator alone on the GPU: its figures are ratios timed in one process, but a busy GPU would blur them
-log "bench.py --only estimator,language"
-timeout -k 10 $(($(left) / 4)) "$python" bench.py --device cuda --only estimator,language --out "$res/bench.json" \
-  > "$res/bench.log" 2>&1
-log "bench: exit $?"
+if [ -n "$bench" ]; then
+  log "bench.py --only estimator,language"
+  timeout -k 10 $(($(left) / 4)) "$python" bench.py --device cuda --only estimator,language --out "$res/bench.json" \
+    > "$res/bench.log" 2>&1
+  log "bench: exit $?"
+fi
 
 # the rows, side by side, each with its own reproduce.sh (one log each); stopped 45 s before the budget ends
 end=$(($(left) - 45))
-log "rows, $end s"
-for spec in mnist01:3 mrpc:6 vision3k:3; do
+if [ "$end" -lt 30 ]; then
+  log "no time left for the rows and the tests"
+  rows=()
+else
+  log "rows and tests, $end s"
+fi
+for spec in "${rows[@]}"; do
   row=${spec%:*} jobs=${spec#*:}
   (
     t0=$(date +%s)
@@ -51,8 +73,10 @@ for spec in mnist01:3 mrpc:6 vision3k:3; do
   ) &
 done
 # (pyproject already gives -q: a second would hide the summary line, "3 passed")
-timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
-log "test_gpu: exit $?"
+if [ "$end" -ge 30 ]; then
+  timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
+  log "test_gpu: exit $?"
+fi
 wait
 log "packing"
 tar czf "$res.tgz" --exclude='*.pt' "$res" $(ls -d out/vision out/language out/logs 2> /dev/null)
