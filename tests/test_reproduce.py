@@ -147,6 +147,22 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     assert "[mrpc] language/mrpc-paper-3seeds: not run" in out and "[imagenet] imagenet/pretrained: not run" in out
 
 
+def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
+    """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench nor ROW:JOBS is refused in one
+    line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less would run them
+    unbounded, or fail), and still packs what it has."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    check = lambda *a: subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *a], env=env,  # noqa: E731
+                                      capture_output=True, text=True)
+    bad = check("60", str(tmp_path / "a"), "vision3k")
+    assert bad.returncode == 2 and "a step is bench or ROW:JOBS" in bad.stderr and "got vision3k" in bad.stderr
+    res = tmp_path / "b"
+    short = check("40", str(res), "imagenet:1")
+    assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout
+    assert (tmp_path / "b.tgz").exists() and (res / "machine.txt").exists()
+    assert not (res / "imagenet.log").exists() and not (res / "test_gpu.log").exists()
+
+
 # -----------------------------------------------------------------------------
 # the README's numbers against the claims of the runs behind them
 
