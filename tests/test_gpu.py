@@ -10,9 +10,7 @@ import torch
 import bench
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
-from conftest import stop_at_backward
-from runs import cli
-from test_scale import RUNS, write_glue
+from test_scale import whole_and_resumed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SMALL = ["--dataset", "fake28", "--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16",
@@ -80,17 +78,7 @@ def test_a_run_stopped_on_the_gpu_resumes_there(script, tmp_path, monkeypatch, c
     takes from the CPU alone (the first resume on a GPU, of vision3k on an H200, failed so: "RNG state must be a
     torch.ByteTensor"). The resumed run ends where an uninterrupted one does, up to the GPU's nondeterministic sums
     (on a CPU, test_scale.py checks that they are equal)."""
-    module, argv, cut_at = RUNS[script]
-    argv = argv + ["--device", "cuda", "--out-dir", str(tmp_path)]
-    if script == "language":
-        argv += ["--data-dir", str(write_glue(tmp_path))]
-    whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
-    stop_at_backward(monkeypatch, cut_at)
-    with pytest.raises(SystemExit) as e:
-        cli(module.main, module.parse_args, argv + ["--run-name", "cut"])
-    assert e.value.code == 130 and "--resume" in capsys.readouterr().err
-    monkeypatch.undo()
-    resumed = module.main(module.parse_args(["--resume", str(tmp_path / script / "cut"), "--device", "cuda"]))
+    whole, resumed, _ = whole_and_resumed(script, tmp_path, monkeypatch, capsys, device=["--device", "cuda"])
     assert resumed["runs"].keys() == whole["runs"].keys()
     for run, r in whole["runs"].items():
         assert resumed["runs"][run]["final"]["train_acc"] == pytest.approx(r["final"]["train_acc"], abs=0.05)

@@ -67,8 +67,16 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
     """Ctrl-C in the middle of training writes checkpoint.pt (the state at the last evaluation) and exits 130;
     --resume then redoes the steps since and gives exactly the same histories and final numbers as a run that was
     never interrupted (model, optimizer and every random generator are restored)."""
+    whole, resumed, cut = whole_and_resumed(script, tmp_path, monkeypatch, capsys)
+    assert without_time(resumed["runs"]) == without_time(whole["runs"])
+    assert "interrupted" not in json.loads((cut / "metrics.json").read_text())
+
+
+def whole_and_resumed(script, tmp_path, monkeypatch, capsys, device=()):
+    """The script's tiny run uninterrupted (run "whole"), and stopped by Ctrl-C during a training step and resumed (run
+    "cut", its folder returned); device: the --device flags of both."""
     module, argv, cut_at = RUNS[script]
-    argv = argv + ["--out-dir", str(tmp_path)]
+    argv = argv + ["--out-dir", str(tmp_path), *device]
     if script == "language":
         argv += ["--data-dir", str(write_glue(tmp_path))]
     whole = module.main(module.parse_args(argv + ["--run-name", "whole"]))
@@ -80,9 +88,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(script, tmp_path, monke
     cut = tmp_path / script / "cut"
     assert (cut / "checkpoint.pt").exists() and json.loads((cut / "metrics.json").read_text())["interrupted"]
     monkeypatch.undo()
-    resumed = module.main(module.parse_args(["--resume", str(cut)]))
-    assert without_time(resumed["runs"]) == without_time(whole["runs"])
-    assert "interrupted" not in json.loads((cut / "metrics.json").read_text())
+    return whole, module.main(module.parse_args(["--resume", str(cut), *device])), cut
 
 
 class Killed(BaseException):
