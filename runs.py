@@ -106,7 +106,7 @@ def add_run_flags(p, *, unit, default_name, device="auto"):
                    f"<run>/checkpoint.pt every this many {unit} (0: only when the run is stopped)")
     g.add_argument("--resume", type=str, default=None, help="continue the stopped run in this run folder from its "
                    "checkpoint.pt, with the flags it was started with (only --threads, --device and --progress-every "
-                   "may be given)")
+                   "may be given; --device of the kind it ran on, since random generators do not move between kinds)")
     g.add_argument("--progress-every", type=nonnegative_float, default=20, help="seconds between the progress lines "
                    "printed during training, whatever the evaluation schedule (0: none)")
     return g
@@ -545,14 +545,20 @@ def snapshot(step, model, opt, generators=(), **extra):
 
 def restore(snap, model, opt, generators=()):
     """Put a snapshot back: training then continues exactly as the interrupted run would have. A snapshot that does
-    not fit the model or optimizer (written with other flags) is a ValueError that says so."""
+    not fit the model or optimizer (written with other flags), or whose random generators ran on another kind of device
+    (a GPU run resumed with --device cpu, or the reverse), is a ValueError that says so."""
+    first = lambda e: str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # noqa: E731
     try:
         model.load_state_dict(snap["model"])
         opt.load_state_dict(snap["optimizer"])
-        set_rng_state(snap["rng"], generators)
+        rng = snap["rng"]
     except (RuntimeError, ValueError, KeyError, IndexError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"checkpoint.pt does not fit this run's model and optimizer ({first})") from None
+        raise ValueError(f"checkpoint.pt does not fit this run's model and optimizer ({first(e)})") from None
+    try:
+        set_rng_state(rng, generators)
+    except RuntimeError as e:  # a CPU generator's state and a CUDA one's differ in kind and size
+        raise ValueError(f"checkpoint.pt holds the random generators of a run on another kind of device ({first(e)}); "
+                         "resume it with the --device it ran on") from None
     return snap["step"]
 
 

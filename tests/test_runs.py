@@ -98,7 +98,8 @@ def test_given_names_a_flag_typed_with_or_without_its_value():
 
 def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
     """restore(snapshot(...)): the weights, the optimizer's state and the Python, NumPy, torch and given generators
-    are put back, so what is drawn and trained after it repeats what followed the snapshot."""
+    are put back, so what is drawn and trained after it repeats what followed the snapshot. A snapshot of another
+    model, or of generators of another kind of device (a GPU run resumed with --device cpu), is one clear error."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
@@ -120,6 +121,10 @@ def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
     assert after[:4] == again[:4] and all(torch.equal(a, b) for a, b in zip(after[4:], again[4:]))
     with pytest.raises(ValueError, match=r"^checkpoint.pt does not fit this run's model and optimizer \('model'\)$"):
         restore({"step": 1}, model, opt)  # the first line of the error, here its only one
+    cuda = dict(snap, rng=dict(snap["rng"], generators=[torch.zeros(16, dtype=torch.uint8)]))  # Philox: seed, offset
+    with pytest.raises(ValueError, match=r"^checkpoint.pt holds the random generators of a run on another kind "
+                                         r"of device \(Expected a CPUGeneratorImplState .*\); resume it with the "):
+        restore(cuda, model, opt, [gen])  # a GPU run's checkpoint resumed with --device cpu
 
 
 def test_divergence_rule(tmp_path, capsys):
