@@ -10,7 +10,7 @@ import torch
 import bench
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
-from test_scale import whole_and_resumed
+from test_scale import RUNS, whole_and_resumed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SMALL = ["--dataset", "fake28", "--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "16",
@@ -72,12 +72,12 @@ def test_bench_times_the_paper_vit_levers():
     assert not torch.backends.cuda.matmul.allow_tf32
 
 
-@pytest.mark.parametrize("script", ["vision", "language"])
+@pytest.mark.parametrize("script", list(RUNS))
 def test_a_run_stopped_on_the_gpu_resumes_there(script, tmp_path, monkeypatch, capsys):
-    """Ctrl-C on the GPU, then --resume: the checkpoint is loaded onto the GPU with its random states, which torch
-    takes from the CPU alone (the first resume on a GPU, of vision3k on an H200, failed so: "RNG state must be a
-    torch.ByteTensor"). The resumed run ends where an uninterrupted one does, up to the GPU's nondeterministic sums
-    (on a CPU, test_scale.py checks that they are equal)."""
+    """Every training script on the GPU, stopped by Ctrl-C, then --resume: the checkpoint is loaded onto the GPU with
+    its random states, which torch takes from the CPU alone (the first resume on a GPU, of vision3k on an H200, failed
+    so: "RNG state must be a torch.ByteTensor"). The resumed run ends where an uninterrupted one does, up to the GPU's
+    nondeterministic sums (on a CPU, test_scale.py checks that they are equal)."""
     whole, resumed, _ = whole_and_resumed(script, tmp_path, monkeypatch, capsys, device=["--device", "cuda"])
     assert resumed["runs"].keys() == whole["runs"].keys()
     for run, r in whole["runs"].items():
