@@ -73,9 +73,10 @@ run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped w
   [ -f "$folder/.done" ] && { echo "  $name: done before"; return; }
   if alive "$name"; then  # left by a reproduce.sh that was killed: it may be writing its folder
     echo "  $name: still running (pid $(cat "$out/logs/$name.pid")) from an earlier reproduce.sh; waiting for it"
-    while alive "$name"; do sleep 1; done  # then resumed below: a no-op if it finished
+    while alive "$name"; do collect; sleep 1; done  # then resumed below: a no-op if it finished
   fi
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 1; done
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do collect; sleep 1; done
+  collect
   if [ -f "$folder/metrics.json" ]; then
     set -- --resume "$folder"
     echo "  $name: resumed"
@@ -99,9 +100,13 @@ save_every() {  # a checkpoint every few minutes of a run (in its loop's unit), 
   case $1 in vision.py | robustness.py) echo 5 ;; grokking.py | parity.py) echo 1000 ;; *) echo 200 ;; esac
 }
 
-reap() {  # wait for the row's runs; a run that exits 0 is marked done
-  local i code
+collect() {  # the runs that have ended, at once: a run that exits 0 is marked done. Not later: bash forgets a
+  # child's exit status once one of its own later children gets the same pid, and a long reproduction's sleeps and
+  # subshells go through every pid (32,768 on many systems) in about two hours, so `wait` then fails (exit 127)
+  local i code running
+  running=" $(jobs -rp | tr '\n' ' ') "
   for i in "${!pids[@]}"; do
+    [[ $running == *" ${pids[$i]} "* ]] && continue
     code=0
     wait "${pids[$i]}" || code=$?
     if [ $code -eq 0 ]; then
@@ -110,8 +115,15 @@ reap() {  # wait for the row's runs; a run that exits 0 is marked done
       echo "  $(basename "${dirs[$i]}"): FAILED (exit $code), see $out/logs/$(basename "${dirs[$i]}").log"
       failed+=("$(basename "${dirs[$i]}")")
     fi
+    unset "pids[$i]" "dirs[$i]"
   done
-  pids=() dirs=()
+}
+
+reap() {  # wait for every run of the row to end
+  while [ ${#pids[@]} -gt 0 ]; do
+    collect
+    [ ${#pids[@]} -eq 0 ] || sleep 1
+  done
 }
 
 merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged folder, made anew from its runs
@@ -376,13 +388,15 @@ done
   "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 mkdir -p "$out/logs"
 declare -A counted=()  # run folders whose minutes a row has counted: a run two rows share counts for the first
-cpu_minutes() {  # the CPU minutes the row's runs recorded (training, evaluations, final measurements; every invocation)
+cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evaluations, final measurements; every
+  # invocation). It sets a variable rather than printing: in a $(...) subshell `counted` would forget what it counted
   local f folders=()
+  cpu=0
   for f in "${row_dirs[@]}"; do
     [ -f "$f/metrics.json" ] && [ -z "${counted[$f]:-}" ] && folders+=("$f") && counted[$f]=1
   done
-  [ ${#folders[@]} -gt 0 ] || { echo 0; return; }
-  "$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p'
+  [ ${#folders[@]} -gt 0 ] || return 0
+  cpu=$("$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p')
 }
 
 echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
@@ -394,7 +408,7 @@ for r in "${ROWS[@]}"; do
   echo "[$id] $title | start $(date '+%T')"
   "do_$id"
   reap
-  cpu=$(cpu_minutes)
+  cpu_minutes
   cpu_total=$(awk -v a="$cpu_total" -v b="${cpu:-0}" 'BEGIN { print a + b }')
   echo "[$id] end $(date '+%T') | wall $(( $(date +%s) - t0 )) s | CPU ${cpu:-?} min (its runs' own timers)"
 done
