@@ -267,6 +267,7 @@ def evaluate_model(model, args, data, seed):
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     channels = data["train_x"].shape[1]
     on_01 = torch.nn.Sequential(Normalize([0.5] * channels, [0.5] * channels), model)  # vision.normalize's [-1, 1]
+    on_01.to(data["test_x"].device)  # its mean and std beside the model (on a GPU they were left on the CPU)
     final.update(evaluate_corruptions(on_01, data["test_x"], data["test_y"], corruptions=args.corruptions,
                                       severities=args.severities, cifar10c_dir=args.cifar10c_dir, n=args.n_corrupt,
                                       frost_dir=args.frost_dir, seed=seed))
