@@ -643,6 +643,14 @@ def plot_curves(ax, histories, x_key, y_key, label, **kw):
         ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
+def legend(ax):
+    """The panel's legend; on a panel no run has measured yet (a run stopped in its first epoch), a word instead."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    elif not ax.lines and not ax.collections:
+        ax.text(0.5, 0.5, "not measured yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
 def seeds(n):
     return f"{n} seed{'s' if n != 1 else ''}"
 
@@ -666,7 +674,7 @@ def draw_synthetic(data, folder, plt):
             for key, name in keys:
                 plot_curves(axes[i, j], hists, "step", key, name)
             axes[i, j].set_ylabel(ylabel)
-            axes[i, j].legend(fontsize=7)
+            legend(axes[i, j])
         axes[-1, j].set_xlabel("SGD step")
     return [save_figure(fig, f"{folder}/synthetic.png")]
 
@@ -683,7 +691,7 @@ def draw_training(groups, x_key, x_label, test_title, folder, plt):
     for ax, title in zip(axes, ["sensitivity (train subset)", "train accuracy", test_title]):
         ax.set_title(title)
         ax.set_xlabel(x_label)
-        ax.legend(fontsize=7)
+        legend(ax)
     return save_figure(fig, f"{folder}/sensitivity.png")
 
 
@@ -705,7 +713,7 @@ def draw_vision(data, folder, plt):
         args = data.get("args", {})
         ax.set_ylabel(f"sensitivity ({args.get('mask', ['patch'])[0]}, sigma {args['sigma'][0]:g})"
                       if args.get("sigma") else "sensitivity")
-        ax.legend(fontsize=7)
+        legend(ax)
         paths.append(save_figure(fig, f"{folder}/sensitivity_vs_train_acc.png"))
     finals = {m: [r for r in rs if r["final"].get("sens_at")] for m, rs in models(data).items()}
     finals = {m: rs for m, rs in finals.items() if rs}
@@ -725,7 +733,7 @@ def draw_vision(data, folder, plt):
             ax.set_xlabel("sigma (noise std on normalised pixels)")
             ax.set_ylabel("sensitivity")
             ax.set_title(f"{mask} mask (band: range over seeds)", fontsize=9)
-            ax.legend(fontsize=7)
+            legend(ax)
         paths.append(save_figure(fig, f"{folder}/sigma_sweep.png"))
     maps = {run: r["final"]["sens_map"] for run, r in data["runs"].items() if r["final"].get("sens_map")}
     if maps:
@@ -766,7 +774,7 @@ def draw_data_scale(data_scale, folder, plt):
         ax.set_xlabel("training images")
         ax.set_ylabel("paired sensitivity difference (mean +- s.e.)")
         ax.set_title(key, fontsize=9)
-        ax.legend(fontsize=7)
+        legend(ax)
     return save_figure(fig, f"{folder}/data_scale.png")
 
 
@@ -798,7 +806,7 @@ def draw_language(data, folder, plt):
             ax.set_xlabel("position counted from the last token (0)" if align == "right" else "position from <s> (0)")
             ax.set_ylabel("sensitivity at that position")
             ax.set_title(f"{align}-aligned", fontsize=9)
-            ax.legend(fontsize=7)
+            legend(ax)
         paths.append(save_figure(fig, f"{folder}/sensitivity_by_position.png"))
     return paths
 
@@ -820,7 +828,7 @@ def draw_robustness(data, folder, plt):
                label=f"{label} (sens {sens:.4f}, {seeds(len(finals))})")
     ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, [n.replace("_", "\n") for n in names], fontsize=7)
     ax.set_ylabel("test accuracy (mean over severities)")
-    ax.legend(fontsize=7)
+    legend(ax)
     paths = [save_figure(fig, f"{folder}/corruptions.png")]
     fig, ax = plt.subplots(figsize=(5, 4))
     for i, (label, finals) in enumerate(groups.items()):
@@ -832,7 +840,7 @@ def draw_robustness(data, folder, plt):
                     label=f"{label} ({seeds(len(finals))})")
     ax.set_xlabel("sensitivity (train subset)")
     ax.set_ylabel("mean corruption accuracy (15 standard)")
-    ax.legend(fontsize=7)
+    legend(ax)
     paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
     hists = {label: [r["history"] for r in models(data)[label] if r["history"]] for label in groups}
     if any(hists.values()):
@@ -842,7 +850,7 @@ def draw_robustness(data, folder, plt):
                 plot_curves(ax, h, "epoch", "sens", label)
         ax.set_xlabel("epoch")
         ax.set_ylabel("sensitivity")
-        ax.legend(fontsize=7)
+        legend(ax)
         paths.append(save_figure(fig, f"{folder}/sensitivity.png"))
     return paths
 
@@ -876,7 +884,7 @@ def draw_grokking(data, folder, plt):
         ax.set_xlim(left=0)
         ax.set_xlabel("epoch")
         ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
-        ax.legend(fontsize=7)
+        legend(ax)
     axes[1].set_yscale("log")
     return [save_figure(fig, f"{folder}/grokking.png")]
 
@@ -896,7 +904,7 @@ def draw_parity(data, folder, plt):
         plot_curves(ax, hists, "step", "test_acc", "test")
         ax.set_title(f"{setting} ({seeds(len(hists))})", fontsize=9)
         ax.set_ylabel("accuracy")
-        ax.legend(fontsize=7)
+        legend(ax)
         ax = axes[1, j]
         plot_curves(ax, hists, "step", "sens_count", "sensitivity (count)")
         plot_curves(ax, hists, "step", "sens_relevant", "on the k relevant bits")
@@ -904,7 +912,7 @@ def draw_parity(data, folder, plt):
             ax.axhline(k, color="gray", linestyle=":", label=f"k = {k}")
         ax.set_ylabel("Boolean sensitivity")
         ax.set_xlabel("Adam step")
-        ax.legend(fontsize=7)
+        legend(ax)
     return [save_figure(fig, f"{folder}/parity.png")]
 
 

@@ -5,6 +5,7 @@ import json
 import math
 import urllib.error
 import urllib.request
+import warnings
 
 import pytest
 import torch
@@ -166,6 +167,18 @@ def test_end_to_end_on_fake_data(tmp_path):
     unsaved = [a for a in argv if a != "--save-model"] + ["--run-name", "u", "--seeds", "0"]
     vision.main(vision.parse_args(unsaved))
     assert not list((tmp_path / "vision" / "u").glob("*.pt"))  # a model is saved only when asked
+
+
+def test_a_run_stopped_in_its_first_epoch_draws_without_a_warning(tmp_path):
+    """A vision run stopped before its first sensitivity (a GPU lend's budget ended it at epoch 0) still draws: the
+    sensitivity panel says it is not measured yet, without matplotlib's warning that no curve has a label."""
+    row = {"epoch": 0, "step": 0, "train_loss": 2.42, "train_acc": 0.1, "test_loss": 2.42, "test_acc": 0.1}
+    data = {"script": "vision", "args": {}, "runs": {"vit/seed1": {"model": "vit", "seed": 1, "history": [row],
+                                                                   "final": {}}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = report.draw(data, str(tmp_path))
+    assert str(tmp_path / "sensitivity.png") in paths
 
 
 @pytest.mark.slow
