@@ -1,15 +1,20 @@
 """GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains
 in bf16 and still measures in float32, --compile with the default (inductor) backend runs, bench.py times the levers
-of the paper-size ViT, and a run stopped on the GPU resumes there."""
+of the paper-size ViT, a run stopped on the GPU resumes there, and the CIFAR-10-C corruptions on the GPU equal the
+release as on the CPU."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import bench
+import corruptions
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
+from test_corruptions import DETERMINISTIC, REPLAYED, check_against_the_release, smooth_images
 from test_scale import RUNS, whole_and_resumed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -82,3 +87,23 @@ def test_a_run_stopped_on_the_gpu_resumes_there(script, tmp_path, monkeypatch, c
     assert resumed["runs"].keys() == whole["runs"].keys()
     for run, r in whole["runs"].items():
         assert resumed["runs"][run]["final"]["train_acc"] == pytest.approx(r["final"]["train_acc"], abs=0.05)
+
+
+@pytest.mark.parametrize("name", list(DETERMINISTIC) + list(REPLAYED))
+def test_corruptions_on_the_gpu_equal_the_release(name):
+    """robustness.py corrupts the test images on the run's device: on CUDA (its convolutions, TF32 where torch allows
+    it) every corruption that tests/test_corruptions.py checks against make_cifar_c.py's output is within the same
+    tolerance of it as on the CPU."""
+    check_against_the_release(name, "cuda")
+
+
+def test_every_corruption_runs_on_the_gpu(tmp_path):
+    """The rest (noise drawn by the GPU's generator, frost's textures): uint8 images of the same shape, on the GPU."""
+    rng = np.random.default_rng(0)
+    for name in corruptions.FROST_FILES:
+        Image.fromarray((rng.random((200, 240, 3)) * 255).astype(np.uint8)).save(tmp_path / name)
+    x = smooth_images(6, 3, 32).cuda()
+    for name in corruptions.SEVERITY:
+        for s in range(1, 6):
+            y = corruptions.corrupt(x, name, s, torch.Generator("cuda").manual_seed(s), str(tmp_path))
+            assert y.shape == x.shape and y.dtype == torch.uint8 and y.device == x.device, (name, s)

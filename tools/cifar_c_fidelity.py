@@ -154,15 +154,17 @@ def reference(args):
     print(f"{len(images)} images -> {out_path}")
 
 
-def ours(images, name, severity, frost_dir=None):
-    """corruptions.corrupt of uint8 (N, H, W, C) images, seeded by the severity, as uint8 (N, H, W, C)."""
+def ours(images, name, severity, frost_dir=None, device="cpu"):
+    """corruptions.corrupt of uint8 (N, H, W, C) images on `device`, seeded by the severity, as uint8 (N, H, W, C)."""
     import torch
 
     import corruptions  # the repository's, on sys.path from the top of this file
 
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
-    g = torch.Generator().manual_seed(severity)
-    return corruptions.corrupt(x, name, severity, g, frost_dir=frost_dir).permute(0, 2, 3, 1).numpy()
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)
+    g = torch.Generator(device).manual_seed(severity)
+    y = corruptions.corrupt(x, name, severity, g, frost_dir=frost_dir)
+    assert y.device == x.device, f"{name} moved the images from {x.device} to {y.device}"
+    return y.permute(0, 2, 3, 1).cpu().numpy()
 
 
 def draws_of(ref, key):
@@ -209,10 +211,10 @@ def replaying(draws):
         torch.randn, torch.rand, torch.randint = real
 
 
-def replayed(ref, name, severity, i):
+def replayed(ref, name, severity, i, device="cpu"):
     """Ours on the reference's image i with the reference's own draws, (1, H, W, C) uint8."""
     with replaying(draws_of(ref, f"replay/{name}/{severity}/{i}")):
-        return ours(ref["images"][i:i + 1], name, severity)
+        return ours(ref["images"][i:i + 1], name, severity, device=device)
 
 
 def sharpness(x):
