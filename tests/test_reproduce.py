@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -177,12 +178,28 @@ def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     check = lambda *a: subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *a], env=env,  # noqa: E731
                                       capture_output=True, text=True)
     bad = check("60", str(tmp_path / "a"), "vision3k")
-    assert bad.returncode == 2 and "a step is bench or ROW:JOBS" in bad.stderr and "got vision3k" in bad.stderr
+    assert bad.returncode == 2 and "a step is bench, smoke or ROW:JOBS" in bad.stderr and "got vision3k" in bad.stderr
     res = tmp_path / "b"
     short = check("40", str(res), "imagenet:1")
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout
     assert (tmp_path / "b.tgz").exists() and (res / "machine.txt").exists()
     assert not (res / "imagenet.log").exists() and not (res / "test_gpu.log").exists()
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
+    """`smoke`: reproduce.sh smoke in the packed results folder, stopped with the rest when the budget ends, its end
+    logged with the count of failed runs (on a GPU machine every script's rows run there on CUDA)."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    res = tmp_path / "c"
+    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "85", str(res), "smoke"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"smoke: exit \d+ after \d+ s; 0 run\(s\) failed", done.stdout), done.stdout
+    log = (res / "smoke.log").read_text()
+    assert log.startswith("reproduce.sh smoke:") and f"results {res}/smoke" in log
+    with tarfile.open(tmp_path / "c.tgz") as tgz:
+        assert any(n.endswith("c/smoke/logs") for n in tgz.getnames())
 
 
 # -----------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU items of reproduce.sh within a fixed wall-time budget: for a lent GPU machine whose minutes are few.
 #
-#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [ROW:JOBS ...]   # datasets in ./data
+#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [smoke] [ROW:JOBS ...]   # datasets in ./data
 #
 # (defaults: 540 s, out/gpu_check, bench mnist01:3 mrpc:6 vision3k:3)
 # In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU,
 # alone on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the
-# one GPU, the CUDA tests and the rows of `reproduce.sh gpu` given (each as ROW:JOBS, the row and its --jobs),
-# each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and checkpoint, and
+# one GPU, the CUDA tests, with `smoke` every row of `reproduce.sh smoke` on the GPU (fake data and tiny models: each
+# script's every path of the reproduction on CUDA, a minute or two), and the rows of `reproduce.sh gpu` given (each as
+# ROW:JOBS, the row and its --jobs), each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and checkpoint, and
 # `bash reproduce.sh gpu --only ROW` resumes it later. A run folder of out/ carried to the machine is skipped when done
 # and resumed when not (without its checkpoint, which is too large to come back: its unfinished model restarts), so
 # `vision3k:1` with the folders of the lends before goes on with the next seed (about 12 min of an H200 each).
@@ -18,11 +19,13 @@ cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
 shift 2 2> /dev/null || shift $#
 [ $# -gt 0 ] || set -- bench mnist01:3 mrpc:6 vision3k:3
-bench="" rows=()
+bench="" smoke="" rows=()
 for step in "$@"; do
   if [ "$step" = bench ]; then bench=1
+  elif [ "$step" = smoke ]; then smoke=1
   elif [[ $step =~ ^[a-z0-9]+:[1-9][0-9]*$ ]]; then rows+=("$step")
-  else echo "gpu_check.sh: a step is bench or ROW:JOBS (a row of reproduce.sh and its --jobs), got $step" >&2; exit 2
+  else echo "gpu_check.sh: a step is bench, smoke or ROW:JOBS (a row of reproduce.sh and its --jobs), got $step" >&2
+    exit 2
   fi
 done
 python=${PYTHON:-python3}
@@ -70,6 +73,13 @@ else
       log "$row: exit $? after $(($(date +%s) - t0)) s"
     ) &
   done
+  if [ -n "$smoke" ]; then  # its own out folder, inside the packed one; its claims differ from the CPU's stored ones
+    (
+      t0=$(date +%s)
+      PYTHON=$python timeout -k 20 "$end" bash reproduce.sh smoke --out "$res/smoke" > "$res/smoke.log" 2>&1
+      log "smoke: exit $? after $(($(date +%s) - t0)) s; $(grep -c ': FAILED' "$res/smoke.log") run(s) failed"
+    ) &
+  fi
   # (pyproject already gives -q: a second would hide the summary line, "3 passed")
   timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
   log "test_gpu: exit $?"
