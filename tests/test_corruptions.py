@@ -13,13 +13,17 @@ from PIL import Image
 import corruptions as C
 
 
-@pytest.fixture
-def frost_dir(tmp_path):
-    """Six stand-in frost textures (random colours) under the release's file names."""
+def write_frost_textures(folder):
+    """Six stand-in frost textures (random colours) under the release's file names; returns the folder."""
     rng = np.random.default_rng(0)
     for name in C.FROST_FILES:
-        Image.fromarray((rng.random((200, 240, 3)) * 255).astype(np.uint8)).save(tmp_path / name)
-    return str(tmp_path)
+        Image.fromarray((rng.random((200, 240, 3)) * 255).astype(np.uint8)).save(os.path.join(folder, name))
+    return str(folder)
+
+
+@pytest.fixture
+def frost_dir(tmp_path):
+    return write_frost_textures(tmp_path)
 
 
 # the release's constants are monotone in pixel change for these; the others are checked by what severity controls

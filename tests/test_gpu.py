@@ -5,16 +5,14 @@ release as on the CPU."""
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import bench
 import corruptions
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
-from test_corruptions import DETERMINISTIC, REPLAYED, check_against_the_release, smooth_images
+from test_corruptions import DETERMINISTIC, REPLAYED, check_against_the_release, smooth_images, write_frost_textures
 from test_scale import RUNS, whole_and_resumed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -99,11 +97,8 @@ def test_corruptions_on_the_gpu_equal_the_release(name):
 
 def test_every_corruption_runs_on_the_gpu(tmp_path):
     """The rest (noise drawn by the GPU's generator, frost's textures): uint8 images of the same shape, on the GPU."""
-    rng = np.random.default_rng(0)
-    for name in corruptions.FROST_FILES:
-        Image.fromarray((rng.random((200, 240, 3)) * 255).astype(np.uint8)).save(tmp_path / name)
-    x = smooth_images(6, 3, 32).cuda()
+    frost_dir, x = write_frost_textures(tmp_path), smooth_images(6, 3, 32).cuda()
     for name in corruptions.SEVERITY:
         for s in range(1, 6):
-            y = corruptions.corrupt(x, name, s, torch.Generator("cuda").manual_seed(s), str(tmp_path))
+            y = corruptions.corrupt(x, name, s, torch.Generator("cuda").manual_seed(s), frost_dir)
             assert y.shape == x.shape and y.dtype == torch.uint8 and y.device == x.device, (name, s)
