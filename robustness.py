@@ -167,6 +167,7 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=None, s
             raise FileNotFoundError(f"{e}; or leave 'frost' out of corruptions= (the default leaves it out without "
                                     "frost_dir=)") from None
     device = next(iter(model.parameters()), torch.empty(0)).device  # a model with no parameters runs on the CPU
+    model.to(device)  # a wrapper's buffers beside its model's parameters (Normalize's mean and std stayed on the CPU)
     gen = torch.Generator(device).manual_seed(seed)  # the random corruptions' draws: the same for every model
     out = {"corruption_acc": {}, "clean_acc": None, "skipped": skipped}
     if images is not None:
@@ -267,7 +268,6 @@ def evaluate_model(model, args, data, seed):
     final["sens"], final["sens_stderr"] = sens.mean, sens.stderr
     channels = data["train_x"].shape[1]
     on_01 = torch.nn.Sequential(Normalize([0.5] * channels, [0.5] * channels), model)  # vision.normalize's [-1, 1]
-    on_01.to(data["test_x"].device)  # its mean and std beside the model (on a GPU they were left on the CPU)
     final.update(evaluate_corruptions(on_01, data["test_x"], data["test_y"], corruptions=args.corruptions,
                                       severities=args.severities, cifar10c_dir=args.cifar10c_dir, n=args.n_corrupt,
                                       frost_dir=args.frost_dir, seed=seed))

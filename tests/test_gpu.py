@@ -10,6 +10,7 @@ import torch
 
 import bench
 import corruptions
+import robustness
 import vision
 from common import gaussian, patchify, sensitivity, unpatchify
 from test_corruptions import DETERMINISTIC, REPLAYED, check_against_the_release, smooth_images, write_frost_textures
@@ -102,3 +103,14 @@ def test_every_corruption_runs_on_the_gpu(tmp_path):
         for s in range(1, 6):
             y = corruptions.corrupt(x, name, s, torch.Generator("cuda").manual_seed(s), frost_dir)
             assert y.shape == x.shape and y.dtype == torch.uint8 and y.device == x.device, (name, s)
+
+
+def test_corruption_accuracy_of_a_normalized_model_on_the_gpu():
+    """evaluate_corruptions takes any model of [0, 1] images, such as Normalize put in front of a model on the GPU after
+    the model was moved there (robustness.py does so: its runs failed on the GPU at their final measurements, the
+    wrapper's mean and std left on the CPU)."""
+    model = vision.build_model("mlp", vision.parse_args(SMALL), 1, 28, 10).cuda()
+    wrapped = torch.nn.Sequential(robustness.Normalize([0.5], [0.5]), model)
+    images, labels = smooth_images(20, 1, 28), torch.randint(10, (20,))
+    out = robustness.evaluate_corruptions(wrapped, images, labels, corruptions=["contrast"], severities=(1,))
+    assert 0 <= out["clean_acc"] <= 1 and 0 <= out["corruption_acc"]["contrast"]["1"] <= 1
