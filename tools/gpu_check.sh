@@ -4,16 +4,16 @@
 #   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [smoke] [ROW:JOBS ...]   # datasets in ./data
 #
 # (defaults: 540 s, out/gpu_check, bench mnist01:3 mrpc:6 vision3k:3)
-# In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU,
-# alone on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the
-# one GPU, the CUDA tests, with `smoke` every row of `reproduce.sh smoke` on the GPU (fake data and tiny models: each
+# In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU, alone
+# on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the one
+# GPU, the CUDA tests, with `smoke` every row of `reproduce.sh smoke` on the GPU (fake data and tiny models: each
 # script's every path of the reproduction on CUDA, a minute or two), and the rows of `reproduce.sh gpu` given (each as
-# ROW:JOBS, the row and its --jobs), each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and checkpoint, and
-# `bash reproduce.sh gpu --only ROW` resumes it later. A run folder of out/ carried to the machine is skipped when done
-# and resumed when not (without its checkpoint, which is too large to come back: its unfinished model restarts), so
-# `vision3k:1` with the folders of the lends before goes on with the next seed (about 12 min of an H200 each).
-# Everything it measured, without checkpoints, is packed into RESULTS_DIR.tgz: one log per step in RESULTS_DIR, and the
-# run folders and logs of out/ (a machine lent for minutes may give back few files).
+# ROW:JOBS, the row and its --jobs), each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and
+# checkpoint, and `bash reproduce.sh gpu --only ROW` resumes it later. A run folder of out/ carried to the machine is
+# skipped when done and resumed when not (without its checkpoint, which is too large to come back: its unfinished model
+# restarts), so `vision3k:1` with the folders of the lends before goes on with the next seed (about 12 min of an H200
+# each). Everything it measured, without checkpoints, is packed into RESULTS_DIR.tgz: one log per step in RESULTS_DIR,
+# and the run folders and logs of out/ (a machine lent for minutes may give back few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
