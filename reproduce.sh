@@ -4,7 +4,7 @@
 #   bash reproduce.sh cpu   [--jobs N] [--only ROW,ROW] [--data DIR] [--out DIR]   # the README's scale, on CPUs
 #   bash reproduce.sh gpu   [--jobs N] [--only ROW,ROW] [--data DIR] [--out DIR]   # the paper's scale, on one GPU
 #   bash reproduce.sh smoke [--out DIR]                                            # every row on fake data, minutes
-#   bash reproduce.sh --list                                                       # the rows and their CPU time
+#   bash reproduce.sh --list [--only ROW,ROW]                                      # the rows and their CPU time
 #
 # A row runs its processes (one per seed and model group, --jobs at a time, one thread each), then merges them with
 # report.py into out/<script>/<row's name>, once every run it merges is done (a run of another row, still running in
@@ -22,13 +22,15 @@ shift || true
 jobs="" only="" data=data out=out list=""
 [ "$scale" = --list ] && { list=1; scale=cpu; }
 while [ $# -gt 0 ]; do
+  case $1 in --jobs | --only | --data | --out) [ $# -ge 2 ] || { echo "reproduce.sh: $1 needs a value" >&2; exit 2; } ;; esac
   case $1 in
+    --list) list=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "reproduce.sh: unknown argument $1 (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only ROW,ROW]" \
-            "[--data DIR] [--out DIR], or --list)" >&2; exit 2 ;;
+            "[--data DIR] [--out DIR], or --list [--only ROW,ROW])" >&2; exit 2 ;;
   esac
 done
 case $scale in cpu | gpu | smoke) ;; *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;; esac
@@ -369,10 +371,15 @@ do_robustness() {
 # -----------------------------------------------------------------------------
 # the reproduction: the rows asked for, in order, each with its start, end and wall time; then the claims
 
-if [ -n "$list" ]; then
+ids=",$(for r in "${ROWS[@]}"; do printf '%s,' "${r%%|*}"; done)"
+for id in ${only//,/ }; do
+  [[ $ids == *",$id,"* ]] || { echo "reproduce.sh: --only $id: no such row (bash reproduce.sh --list)" >&2; exit 2; }
+done
+if [ -n "$list" ]; then  # with --only: those rows alone, and their total
   total=0
   for r in "${ROWS[@]}"; do
     IFS='|' read -r id minutes title <<< "$r"
+    [ -n "$only" ] && [[ $only != *",$id,"* ]] && continue
     printf "%-11s %6s min   %s\n" "$id" "$minutes" "$title"
     total=$(awk -v a="$total" -v b="$minutes" 'BEGIN { print a + b }')
   done
@@ -380,10 +387,6 @@ if [ -n "$list" ]; then
   exit 0
 fi
 
-ids=",$(for r in "${ROWS[@]}"; do printf '%s,' "${r%%|*}"; done)"
-for id in ${only//,/ }; do
-  [[ $ids == *",$id,"* ]] || { echo "reproduce.sh: --only $id: no such row (bash reproduce.sh --list)" >&2; exit 2; }
-done
 "$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
   "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 mkdir -p "$out/logs"

@@ -148,7 +148,8 @@ def test_a_run_is_marked_done_when_it_ends_not_when_its_row_does(tmp_path):
 
 
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):
-    """--list: every row with its CPU minutes and the total; --only with a row that does not exist is refused."""
+    """--list: every row with its CPU minutes and the total (with --only, those rows' alone); --only with a row that
+    does not exist is refused, and a flag without its value too."""
     code, out = finish("--list")
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines()[:-1]]
@@ -156,6 +157,12 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     assert re.search(r"^total: [\d.]+ CPU-minutes", out.splitlines()[-1])
     code, out = finish("smoke", "--only", "synthetic,nope", "--out", str(tmp_path))
     assert code == 2 and "--only nope: no such row" in out
+    minutes = {line.split()[0]: float(line.split()[1]) for line in finish("--list")[1].splitlines()[:-1]}
+    code, out = finish("cpu", "--list", "--only", "parity,mrpc")  # what a piece of the reproduction costs
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[:-1]] == ["parity", "mrpc"]
+    assert float(out.splitlines()[-1].split()[1]) == pytest.approx(minutes["parity"] + minutes["mrpc"])
+    code, out = finish("cpu", "--only")  # a flag without its value: one line, not bash's "unbound variable"
+    assert code == 2 and out == "reproduce.sh: --only needs a value\n"
 
 
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
