@@ -130,6 +130,7 @@ def test_a_merge_waits_for_every_run_it_merges(smoke, tmp_path):
     assert code == 0 and "not made" not in out and (tmp_path / "vision" / "fmnist-scale3" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_a_run_is_marked_done_when_it_ends_not_when_its_row_does(tmp_path):
     """Each run's exit status is taken as soon as it ends, not when the row's merge waits for the runs in their order:
     seed 1's run, which ends first, is marked done while seed 0's still runs (held back 8 s here). Taken later, as
