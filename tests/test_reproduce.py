@@ -197,7 +197,8 @@ def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
     """`smoke`: reproduce.sh smoke in the packed results folder, stopped with the rest when the budget ends, its end
-    logged with the count of failed runs (on a GPU machine every script's rows run there on CUDA)."""
+    logged with the count of failed runs (on a GPU machine every script's rows run there on CUDA), 4 runs at a time
+    beside the rows, whatever the machine's cores."""
     env = dict(os.environ, PYTHON=sys.executable)
     res = tmp_path / "c"
     done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "85", str(res), "smoke"], env=env,
@@ -205,7 +206,7 @@ def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"smoke: exit \d+ after \d+ s; 0 run\(s\) failed", done.stdout), done.stdout
     log = (res / "smoke.log").read_text()
-    assert log.startswith("reproduce.sh smoke:") and f"results {res}/smoke" in log
+    assert log.startswith("reproduce.sh smoke: 4 processes at a time") and f"results {res}/smoke" in log
     with tarfile.open(tmp_path / "c.tgz") as tgz:
         assert any(n.endswith("c/smoke/logs") for n in tgz.getnames())
 

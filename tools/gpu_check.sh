@@ -73,10 +73,11 @@ else
       log "$row: exit $? after $(($(date +%s) - t0)) s"
     ) &
   done
-  if [ -n "$smoke" ]; then  # its own out folder, inside the packed one; its claims differ from the CPU's stored ones
+  if [ -n "$smoke" ]; then  # its own out folder, inside the packed one; its claims differ from the CPU's stored ones.
+    # 4 runs at a time, as reproduce.sh gpu: one per core (16) would take the CPU that the rows' launch-bound steps need
     (
       t0=$(date +%s)
-      PYTHON=$python timeout -k 20 "$end" bash reproduce.sh smoke --out "$res/smoke" > "$res/smoke.log" 2>&1
+      PYTHON=$python timeout -k 20 "$end" bash reproduce.sh smoke --jobs 4 --out "$res/smoke" > "$res/smoke.log" 2>&1
       log "smoke: exit $? after $(($(date +%s) - t0)) s; $(grep -c ': FAILED' "$res/smoke.log") run(s) failed"
     ) &
   fi
