@@ -22,7 +22,7 @@ shift || true
 jobs="" only="" data=data out=out list=""
 [ "$scale" = --list ] && { list=1; scale=cpu; }
 while [ $# -gt 0 ]; do
-  case $1 in --jobs | --only | --data | --out) [ $# -ge 2 ] || { echo "reproduce.sh: $1 needs a value" >&2; exit 2; } ;; esac
+  if [[ $1 =~ ^--(jobs|only|data|out)$ ]] && [ $# -lt 2 ]; then echo "reproduce.sh: $1 needs a value" >&2; exit 2; fi
   case $1 in
     --list) list=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
