@@ -156,9 +156,10 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     listed = [line.split()[0] for line in out.splitlines()[:-1]]
     assert listed == ROWS and all(re.search(r"\d min", line) for line in out.splitlines()[:-1])
     assert re.search(r"^total: [\d.]+ CPU-minutes", out.splitlines()[-1])
+    listing = out
     code, out = finish("smoke", "--only", "synthetic,nope", "--out", str(tmp_path))
     assert code == 2 and "--only nope: no such row" in out
-    minutes = {line.split()[0]: float(line.split()[1]) for line in finish("--list")[1].splitlines()[:-1]}
+    minutes = {line.split()[0]: float(line.split()[1]) for line in listing.splitlines()[:-1]}
     code, out = finish("cpu", "--list", "--only", "parity,mrpc")  # what a piece of the reproduction costs
     assert code == 0 and [line.split()[0] for line in out.splitlines()[:-1]] == ["parity", "mrpc"]
     assert float(out.splitlines()[-1].split()[1]) == pytest.approx(minutes["parity"] + minutes["mrpc"])
