@@ -61,26 +61,25 @@ fi
 
 # the rows, side by side, each with its own reproduce.sh (one log each); stopped 45 s before the budget ends
 end=$(($(left) - 45))
+in_background() {  # in_background NAME ARGS...: bash reproduce.sh ARGS until the budget ends, into $res/NAME.log
+  local name=$1
+  shift
+  (
+    t0=$(date +%s)
+    PYTHON=$python timeout -k 20 "$end" bash reproduce.sh "$@" > "$res/$name.log" 2>&1
+    log "$name: exit $? after $(($(date +%s) - t0)) s; $(grep -c ': FAILED' "$res/$name.log") run(s) failed"
+  ) &
+}
 if [ "$end" -lt 30 ]; then
   log "no time left for the rows and the tests"
 else
   log "rows and tests, $end s"
   for spec in "${rows[@]}"; do
-    row=${spec%:*} jobs=${spec#*:}
-    (
-      t0=$(date +%s)
-      PYTHON=$python timeout -k 20 "$end" bash reproduce.sh gpu --only "$row" --jobs "$jobs" > "$res/$row.log" 2>&1
-      log "$row: exit $? after $(($(date +%s) - t0)) s"
-    ) &
+    in_background "${spec%:*}" gpu --only "${spec%:*}" --jobs "${spec#*:}"
   done
-  if [ -n "$smoke" ]; then  # its own out folder, inside the packed one; its claims differ from the CPU's stored ones.
-    # 4 runs at a time, as reproduce.sh gpu: one per core (16) would take the CPU that the rows' launch-bound steps need
-    (
-      t0=$(date +%s)
-      PYTHON=$python timeout -k 20 "$end" bash reproduce.sh smoke --jobs 4 --out "$res/smoke" > "$res/smoke.log" 2>&1
-      log "smoke: exit $? after $(($(date +%s) - t0)) s; $(grep -c ': FAILED' "$res/smoke.log") run(s) failed"
-    ) &
-  fi
+  # smoke: its own out folder, inside the packed one (its claims differ from the CPU's stored ones); 4 runs at a time,
+  # as reproduce.sh gpu: one per core (16) would take the CPU that the rows' launch-bound steps need
+  [ -z "$smoke" ] || in_background smoke smoke --jobs 4 --out "$res/smoke"
   # (pyproject already gives -q: a second would hide the summary line, "3 passed")
   timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
   log "test_gpu: exit $?"
