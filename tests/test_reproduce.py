@@ -27,6 +27,12 @@ def reproduce(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
+def gpu_check(*args):
+    env = dict(os.environ, PYTHON=sys.executable)
+    return subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *args], env=env, capture_output=True,
+                          text=True)
+
+
 def finish(*args):
     p = reproduce(*args)
     out, _ = p.communicate(timeout=1200)
@@ -183,13 +189,10 @@ def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench nor ROW:JOBS is refused in one
     line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less would run them
     unbounded, or fail), and still packs what it has."""
-    env = dict(os.environ, PYTHON=sys.executable)
-    check = lambda *a: subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *a], env=env,  # noqa: E731
-                                      capture_output=True, text=True)
-    bad = check("60", str(tmp_path / "a"), "vision3k")
+    bad = gpu_check("60", str(tmp_path / "a"), "vision3k")
     assert bad.returncode == 2 and "a step is bench, smoke or ROW:JOBS" in bad.stderr and "got vision3k" in bad.stderr
     res = tmp_path / "b"
-    short = check("40", str(res), "imagenet:1")
+    short = gpu_check("40", str(res), "imagenet:1")
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout
     assert (tmp_path / "b.tgz").exists() and (res / "machine.txt").exists()
     assert not (res / "imagenet.log").exists() and not (res / "test_gpu.log").exists()
@@ -200,10 +203,8 @@ def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
     """`smoke`: reproduce.sh smoke in the packed results folder, stopped with the rest when the budget ends, its end
     logged with the count of failed runs (on a GPU machine every script's rows run there on CUDA), 4 runs at a time
     beside the rows, whatever the machine's cores."""
-    env = dict(os.environ, PYTHON=sys.executable)
     res = tmp_path / "c"
-    done = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "85", str(res), "smoke"], env=env,
-                          capture_output=True, text=True)
+    done = gpu_check("85", str(res), "smoke")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"smoke: exit \d+ after \d+ s; 0 run\(s\) failed", done.stdout), done.stdout
     log = (res / "smoke.log").read_text()
