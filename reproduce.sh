@@ -33,7 +33,10 @@ while [ $# -gt 0 ]; do
             "[--data DIR] [--out DIR], or --list [--only ROW,ROW])" >&2; exit 2 ;;
   esac
 done
-case $scale in cpu | gpu | smoke) ;; *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;; esac
+case $scale in
+  cpu | gpu | smoke) ;;
+  *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;;
+esac
 # one GPU: 4 runs at a time unless --jobs says otherwise. The GPU takes turns between processes, so runs that keep it
 # busy gain nothing from sharing it (and lose nothing), while small ones gain: on an H200, 12 MRPC runs 6 at a time
 # took 194 s for 912 s of their own timers; three of the authors' ViT at once, 47 ms/step each against 15-19 alone
@@ -211,8 +214,8 @@ do_converged() {
 
 row vitsize 14.2 "Sec. 5: the authors' ViT size against ours (1 seed)"
 do_vitsize() {
-  local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7 --sigma 0.1 1
-    --sweep --mask patch global --n-sens 100 $needed --seeds 0"
+  local c="$fmnist --n-train 1000 --epochs 200 --eval-every 10 --until-acc 0.99 --patience 6 --patch-size 7
+    --sigma 0.1 1 --sweep --mask patch global --n-sens 100 $needed --seeds 0"
   local large="--depth 8 --heads 32 --dim-head 64"
   [ "$scale" = smoke ] && large="--depth 2 --heads 2 --dim-head 8"  # (smoke: still another size than the small one)
   run vit-d8h32 vision.py $c --model vit --optimizer adam --lr 1e-3 $V $large
@@ -250,8 +253,8 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
     run abl-cnn-pn-seed$s vision.py $converged --model cnn --input-patch-norm $adam --seeds $s $F
   done
   local vary="--vary model optimizer lr no-patch-norm no-block-norm input-patch-norm"
-  merge mechanism vision $(per_seed "$out"/vision/{conv-vit,abl-vit-npn,abl-vit-nbn,conv-vit-simple,conv-mlp,abl-mlp-pn}-seed% \
-    "$out"/vision/{conv-cnn,abl-cnn-pn}-seed%) $vary
+  merge mechanism vision $(per_seed "$out"/vision/{conv-vit,abl-vit-npn,abl-vit-nbn,conv-vit-simple}-seed% \
+    "$out"/vision/{conv-mlp,abl-mlp-pn,conv-cnn,abl-cnn-pn}-seed%) $vary
   merge mechanism-npn vision $(per_seed "$out"/vision/{abl-vit-npn,conv-mlp,abl-mlp-pn,conv-cnn,abl-cnn-pn}-seed%) $vary
   merge paper-sgd vision "$out"/vision/sgd-{vit,cnn-momentum}-seed0 $(per_seed "$out"/vision/conv-mlp-seed%) \
     --vary model epochs patience momentum
@@ -259,9 +262,9 @@ do_mechanism() {  # the converged row's runs (skipped if it ran), then the ablat
 
 row mnist01 2.5 "App. A.1: ViT below the MLP on MNIST 0 vs 1 (3 seeds)"
 do_mnist01() {
-  local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000 --epochs 10
-    --eval-every 2 --depth 4 --heads 4 --dim-head 16 --sigma 1 3 --sweep --mask patch scattered --match-acc 0.99
-    --n-sens 500 $needed"
+  local c="--dataset mnist01 --data-dir $data --model vit mlp --mlp-hidden 512 --batch-size 50 --n-train 2000
+    --epochs 10 --eval-every 2 --depth 4 --heads 4 --dim-head 16 --sigma 1 3 --sweep --mask patch scattered
+    --match-acc 0.99 --n-sens 500 $needed"
   [ "$scale" = gpu ] && c="$c --n-train 12665"  # every 0 and 1 of MNIST's training set
   for s in $seeds; do run mnist01-seed$s vision.py $c --seeds $s $V; done
   merge mnist01 vision $(per_seed "$out"/vision/mnist01-seed%)
@@ -326,7 +329,8 @@ do_mrpc() {
     run mrpc-lstm-seed$s language.py $c --model lstm --seeds $s $L
     run mrpc-gpt2-softmax-seed$s language.py $c --model gpt2 --seeds $s $L
   done
-  merge mrpc-paper-3seeds language $(for m in roberta-softmax roberta-relu lstm gpt2-softmax; do per_seed "$out"/language/mrpc-$m-seed%; done) \
+  merge mrpc-paper-3seeds language \
+    $(for m in roberta-softmax roberta-relu lstm gpt2-softmax; do per_seed "$out"/language/mrpc-$m-seed%; done) \
     --vary model attn
 }
 
@@ -365,7 +369,8 @@ do_robustness() {
     run rob-seed$s-va robustness.py $c --variants vanilla augment --epochs 20 --seeds $s $R
     run rob-seed$s-reg robustness.py $c --variants reg --lr 0.2 --epochs 40 --seeds $s $R
   done
-  merge fmnist-rob robustness $(per_seed "$out"/robustness/rob-seed%-va "$out"/robustness/rob-seed%-reg) --vary variants lr epochs
+  merge fmnist-rob robustness $(per_seed "$out"/robustness/rob-seed%-va "$out"/robustness/rob-seed%-reg) \
+    --vary variants lr epochs
 }
 
 # -----------------------------------------------------------------------------
@@ -387,8 +392,9 @@ if [ -n "$list" ]; then  # with --only: those rows alone, and their total
   exit 0
 fi
 
-"$python" -c "import torch" 2> /dev/null || { echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
-  "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
+"$python" -c "import torch" 2> /dev/null || {
+  echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
+    "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 mkdir -p "$out/logs"
 declare -A counted=()  # run folders whose minutes a row has counted: a run two rows share counts for the first
 cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evaluations, final measurements; every
