@@ -37,7 +37,7 @@ SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of i
 #   ones padding)
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
-CPU_SIZE = ("the README's MRPC protocol measures fewer pairs (about 30 min per model on one thread): python "
+CPU_SIZE = ("the README's MRPC protocol measures fewer pairs (about 25 min per model on one thread): python "
             "language.py --data-dir GLUE --fused --n-sens 300 --sens-positions 8 --eval-every 188 --model roberta")
 
 
