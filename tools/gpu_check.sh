@@ -75,7 +75,8 @@ if [ "$end" -lt 30 ]; then
 else
   log "rows and tests, $end s"
   for spec in "${rows[@]}"; do
-    in_background "${spec%:*}" gpu --only "${spec%:*}" --jobs "${spec#*:}"
+    row=${spec%:*} jobs=${spec#*:}
+    in_background "$row" gpu --only "$row" --jobs "$jobs"
   done
   # smoke: its own out folder, inside the packed one (its claims differ from the CPU's stored ones); 4 runs at a time,
   # as reproduce.sh gpu: one per core (16) would take the CPU that the rows' launch-bound steps need
