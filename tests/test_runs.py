@@ -341,6 +341,7 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
                                            "n-train"]))
     assert scale["varied"] == {"n-train": [60, 30]}
     assert set(scale["data_scale"]) == {"30", "60"} and not scale["runs"]
+    assert merged["data"] == load_results(a)["data"] and "data" not in scale  # one dataset, or none named
     lines = capsys.readouterr().out.splitlines()  # the summary: the paired differences at each size, smallest first
     assert [line.split(" | ")[:2] for line in lines if " images | " in line] == [["30 images", "mlp - vit"],
                                                                                   ["60 images", "mlp - vit"]]
@@ -540,16 +541,19 @@ def test_run_identity_from_fields_and_from_older_names():
 
 def test_merged_language_runs_are_paired_against_the_first_model_asked_for(tmp_path):
     """Folders merged in any order: the paired differences take the first model of --model (with its first --attn)
-    as the reference, here roberta-softmax, although the LSTM's folder comes first."""
-    def folder(name, run, values):
+    as the reference, here roberta-softmax, although the LSTM's folder comes first; those at initialisation pair the
+    flips measured there, those at the end the final ones."""
+    def folder(name, run, values, init):
         data = {"script": "language", "args": {"model": ["roberta", "lstm"], "attn": ["softmax", "relu"]},
-                "runs": {run: {"history": [], "final": {"per_image": {"2": values}, "per_image_init": {"2": values}}}}}
+                "runs": {run: {"history": [], "final": {"per_image": {"2": values}, "per_image_init": {"2": init}}}}}
         write_json(str(tmp_path / name / "metrics.json"), data)
         return str(tmp_path / name)
 
-    merged = report.merge([folder("a", "lstm/seed0", [0.5, 0.25]), folder("b", "roberta-softmax/seed0", [0.25, 0.0])])
+    merged = report.merge([folder("a", "lstm/seed0", [0.5, 0.25], [1.0, 0.5]),
+                           folder("b", "roberta-softmax/seed0", [0.25, 0.0], [0.5, 0.0])])
     assert merged["paired"]["final"]["reference"] == merged["paired"]["init"]["reference"] == "roberta-softmax"
     assert merged["paired"]["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
+    assert merged["paired"]["init"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.5)
 
 
 def robustness_run(model, seed, sens, acc, **more):
@@ -560,7 +564,8 @@ def robustness_run(model, seed, sens, acc, **more):
 
 def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     """Per model the mean over seeds with its standard error (std over seeds / sqrt(seeds); none for one seed), and
-    Pearson's r of sensitivity against mean corruption accuracy over every model and seed."""
+    Pearson's r of sensitivity against mean corruption accuracy over every model and seed (undefined, and said so,
+    where either is the same everywhere)."""
     data = {"script": "robustness", "runs": dict([robustness_run("a", 0, 0.1, 0.9), robustness_run("a", 1, 0.3, 0.7),
                                                   robustness_run("b", 0, 0.5, 0.5)])}
     out = report.robustness_summary(data)
@@ -569,6 +574,9 @@ def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
     printed = capsys.readouterr().out
     assert "a (2 seeds) | sens 0.2000 +- 0.1000" in printed and "b (1 seed) | sens 0.5000 |" in printed
+    flat = {"script": "robustness", "runs": dict(robustness_run("a", s, 0.25, a) for s, a in enumerate([.9, .7, .5]))}
+    assert report.robustness_summary(flat)["correlation_sens_vs_corruption_acc"] == {"pearson_r": None, "points": 3}
+    assert "Pearson r = undefined (one of them is constant)" in capsys.readouterr().out
 
 
 def test_the_robustness_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_not_measured(capsys):

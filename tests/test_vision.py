@@ -500,6 +500,9 @@ def test_crossover_and_matched_accuracy_on_made_up_numbers():
         "sens_at": {f"patch:{s:g}": {"sens": v} for s, v in zip([0.1, 1, 10, 100], vals)}}}
         for m, vals in curves.items()}}
     assert report.vision_paired(data)["models"]["mlp"]["crossover"]["patch"] == pytest.approx([1.0, 10 ** (1 + 2 / 3)])
+    seeds = [{"final": {"sens_at": {"patch:1": {"sens": v}, "patch:10": {"sens": v}, "global:1": {"sens": 1}}}}
+             for v in [0.2, 0.4]]  # a curve is the mean over seeds at each sigma of its mask
+    assert report.mean_curve(seeds, "patch") == pytest.approx({1.0: 0.3, 10.0: 0.3})
     h = [{"epoch": 0, "train_acc": 0.1, "sens@x": 0.0}, {"epoch": 5, "train_acc": 0.7, "sens@x": 0.3},
          {"epoch": 10, "train_acc": 0.9, "sens@x": 0.1}]
     got = report.at_train_accuracy(h, [0.05, 0.8, 0.95], ["sens@x"])
@@ -508,6 +511,7 @@ def test_crossover_and_matched_accuracy_on_made_up_numbers():
     got = report.at_train_accuracy(h, [0.75, 0.4], ["sens@x"])  # a quarter, and half of the first interval
     assert got["0.75"]["epoch"] == pytest.approx(6.25) and got["0.75"]["sens@x"] == pytest.approx(0.25)
     assert got["0.4"]["epoch"] == pytest.approx(2.5) and got["0.4"]["sens@x"] == pytest.approx(0.15)
+    assert report.at_train_accuracy(h, [0.9], ["sens@x"])["0.9"] == {"epoch": 10, "sens@x": 0.1}  # reached, not passed
 
 
 def test_summary_of_a_merged_folder_prints_own_numbers_paired_differences_and_matched_accuracy(capsys):
@@ -638,6 +642,8 @@ def test_training_stops_at_its_end_point(tmp_path):
     assert report.end_point(h, until_acc=0.9) is None and report.end_point(h[:4], patience=2) is not None
     assert report.end_point(h, patience=3) == "training loss stopped falling"
     assert report.end_point(h, patience=4) is None
+    falling = [{"train_acc": 0.5, "train_loss": 0.95 ** i} for i in range(6)]  # 5% lower each time: still falling
+    assert report.end_point(falling, patience=2) is None
     data = separable_task()
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "50",
                               "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "1",
