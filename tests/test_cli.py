@@ -64,6 +64,7 @@ BAD = [
     ("vision", ["--sens-seed", str(2**64)], "--sens-seed must be a seed in [0, 2^63)"),  # not silently seed 0
     ("vision", ["--run-name", "../x"], "--run-name must be a plain folder name"),
     ("vision", ["--run-name", "/tmp/x"], "--run-name must be a plain folder name"),
+    ("vision", ["--run-name", ".."], "--run-name must be a plain folder name"),
     ("vision", ["--dataset", "fake28", "--augment"], "--augment (crops padded by 4, flips) is for the 32x32 datasets"),
     ("grokking", ["--threads", "100000"], "--threads 100000 is more than 4x the"),
     ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
@@ -102,6 +103,8 @@ BAD = [
     ("synthetic", ["--n-sens", "10", "--n-train", "5"], "--n-sens 10 asks for more than"),
     ("grokking", ["--d-model", "64"], "unrecognized arguments: --d-model"),
     ("grokking", ["--lr", "-1"], "--lr"),
+    ("grokking", ["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    ("language", ["--dropout", "1"], "--dropout must be a number in [0, 1), got 1"),
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),

@@ -14,6 +14,7 @@ import corruptions as C
 from common import patchify
 from conftest import spy
 import robustness as R
+from runs import write_json
 import vision
 
 
@@ -71,6 +72,19 @@ def test_end_to_end_and_from_vision(tmp_path):
     # the saved weights, not a fresh model: the same losses as the vision run's end
     saved, loaded = trained["runs"]["mlp/seed0"]["final"], data["runs"]["mlp-vanilla/seed0"]["final"]
     assert (loaded["train_loss"], loaded["test_loss"]) == (saved["train_loss"], saved["test_loss"])
+
+
+def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path):
+    """--from-vision reads the vision run's model and data flags as if typed before the command line's: an on/off flag
+    that was on stays on, a flag given here replaces the saved one, and the saved run's own flags (--run-name,
+    --out-dir) are not taken."""
+    saved = vision.parse_args(["--dataset", "fake28", "--model", "vit", "--depth", "3", "--no-patch-norm",
+                               "--save-model", "--run-name", "v", "--out-dir", "elsewhere"])
+    write_json(str(tmp_path / "v" / "metrics.json"), {"script": "vision", "args": vars(saved), "runs": {}})
+    args = R.parse_args(["--from-vision", str(tmp_path / "v"), "--depth", "2"])
+    assert args.no_patch_norm and args.dataset == "fake28" and args.model == ["vit"]  # taken from the run
+    assert args.depth == 2  # the command line's
+    assert args.run_name is None and args.out_dir == "out"  # the run's own flags stay this run's
 
 
 def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch):

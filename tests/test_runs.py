@@ -47,6 +47,10 @@ def test_corrupt_or_missing_results_file_is_a_clear_error(tmp_path):
     write_json(str(tmp_path / "x.json"), [1])
     with pytest.raises(ValueError, match="not a metrics.json"):
         load_results(str(tmp_path / "x.json"))
+    write_json(str(tmp_path / "s" / "metrics.json"), {"script": "synthetic", "runs": {}})  # --resume of another's run
+    with pytest.raises(ValueError, match="was written by synthetic.py, not vision.py"):
+        load_results(str(tmp_path / "s"), "vision")
+    assert load_results(str(tmp_path / "s"), "synthetic")["script"] == "synthetic"
 
 
 def test_run_dir_is_never_reused(tmp_path):
@@ -129,7 +133,8 @@ def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
 
 def test_divergence_rule(tmp_path, capsys):
     """Non-finite, or over 100x the run's first loss (at least 1), is diverged: marked in metrics.json with its step,
-    a non-finite loss written as null; a finite loss below the limit is not."""
+    a non-finite loss written as null; a finite loss below the limit is not. A diverged run counts as finished, and
+    a resumed run keeps its first loss (from its history) as the reference."""
     res = Results(str(tmp_path), "vision", {}, "cpu")
     assert not res.diverged("a", 0, 0.7) and not res.diverged("a", 1, 99.0)
     assert res.diverged("a", 2, 101.0)
@@ -140,6 +145,13 @@ def test_divergence_rule(tmp_path, capsys):
     assert data["runs"]["c"]["diverged"] == {"step": 0, "loss": None}
     err = capsys.readouterr().err
     assert "c diverged at step 0 (training loss nan: not finite)" in err and "over 100x the initial 0.7" in err
+    res.log("d", {"step": 0, "train_loss": 2.0})
+    res.log("d", {"step": 5, "train_loss": 1.0})
+    assert res.finished("a") and not res.finished("d")  # a diverged run is not trained again on --resume
+    torch.save({"run": "d", "state": {"step": 5}}, tmp_path / "checkpoint.pt")
+    again = Results(str(tmp_path), "vision", {}, "cpu", resume=True)
+    assert again.resume("d", "step") == {"step": 5}
+    assert again.diverged("d", 6, 250.0)  # the limit is still 100x the run's first loss (2.0), not this one's
 
 
 def test_cli_exit_codes(tmp_path, capsys):
@@ -171,6 +183,25 @@ def test_cli_exit_codes(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
     assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
+
+
+def test_an_error_in_a_run_keeps_its_training_state_and_other_ranks_write_nothing(tmp_path):
+    """An error inside recording() (a file found damaged after training, say) writes the latest training state to
+    checkpoint.pt, without marking the run interrupted; Results(write=False), a torchrun rank other than 0, writes
+    no file at all."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for folder, write in [(tmp_path / "rank0", True), (tmp_path / "rank1", False)]:
+        res = Results(str(folder), "vision", {}, "cpu", write=write)
+        res.log("a", {"step": 0, "train_loss": 1.0})
+        res.checkpoint("a", 0, True, 0, model, opt)  # an evaluation's snapshot, kept in memory (--save-every 0)
+        with pytest.raises(ValueError), res.recording():
+            raise ValueError("damaged")
+        if write:
+            assert torch.load(folder / "checkpoint.pt", weights_only=False)["run"] == "a"
+            assert "interrupted" not in load_results(str(folder))
+        else:
+            assert not folder.exists()
 
 
 # -----------------------------------------------------------------------------
