@@ -77,6 +77,7 @@ BAD = [
     ("vision", ["--dataset", "fake28", "--n-train", "5000", "--epochs", "1"], "--n-train 5000 asks for more than"),
     ("vision", ["--dataset", "fake28", "--n-test", "500", "--epochs", "1"], "--n-test 500 asks for more than the 200"),
     ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "60", "--epochs", "1"], "--n-sens 60"),
+    ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "51", "--epochs", "1"], "--n-sens 51"),
     ("vision", ["--device", "cuda:7" if torch.cuda.is_available() else "cuda", "--dataset", "fake28"], "--device"),
     ("vision", ["--device", "tpu"], "--device"),
     ("report", ["/no/such/run"], "/no/such/run: no such run folder"),

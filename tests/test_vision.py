@@ -284,9 +284,10 @@ class ReadsTheBackground(nn.Module):
 def test_flat_and_object_patches_are_measured_apart():
     """Images whose upper two patches are flat and lower two are not, and a model that flips whenever noise lands
     on the upper half: sensitivity 1 on the flat patches, 0 on the object patches, 0.5 with the patch mask; an image
-    with no flat patch is left out of both."""
-    images = torch.randn(9, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with no flat patch, or with no other, is left out of both."""
+    images = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     images[:8, :, :4] = -1.0  # the background of 8 images; the ninth has none
+    images[9] = -1.0  # and the tenth is background alone
     sens = vision.measure_sensitivity(ReadsTheBackground(), images, patch=4, sigmas=[0.1], masks=["patch", "flat"],
                                       seed=0, flat=0.01)
     assert sens["flat", 0.1].mean == 1 and sens["object", 0.1].mean == 0 and len(sens["flat", 0.1].per_input) == 8
@@ -353,10 +354,28 @@ def test_options_reach_the_optimizer(monkeypatch):
     assert opt.param_groups[0]["lr"] == 0.05 and opt.param_groups[0]["momentum"] == 0.9
     assert opt.param_groups[0]["weight_decay"] == 0.001
     assert vision.make_optimizer("mlp", model, args).param_groups[0]["lr"] == 0.1  # the paper's MLP rate
-    adam = vision.make_optimizer("vit", model, vision.parse_args(["--optimizer", "adam", "--lr", "3e-4"]))
+    adam = vision.make_optimizer("vit", model, vision.parse_args(["--optimizer", "adam", "--lr", "3e-4",
+                                                                  "--weight-decay", "0.01"]))
     assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["lr"] == 3e-4
+    assert adam.param_groups[0]["weight_decay"] == 0.01
     mnist = vision.parse_args(["--dataset", "mnist01"])
     assert vision.make_optimizer("vit", model, mnist).param_groups[0]["lr"] == 0.01
+
+
+def test_patch_defaults_and_what_an_evaluation_during_training_measures_and_logs():
+    """--patch-size defaults to 4 (7 for MNIST 0 vs 1's 28x28 in 7x7 patches), --sens-patch to --patch-size; an
+    evaluation during training measures the first --mask alone, and its row logs each measurement's mean and standard
+    error, with the first as "sens"."""
+    assert vision.parse_args(["--dataset", "mnist01"]).patch_size == 7
+    assert vision.parse_args(["--dataset", "fashionmnist"]).patch_size == 4
+    assert vision.parse_args(["--dataset", "fake28", "--patch-size", "7"]).sens_patch == 7
+    args = vision.parse_args(["--dataset", "fake28", "--mask", "patch", "global", "--sigma", "0.5", "2",
+                              "--patch-size", "7"])
+    sens = vision.measure_during(PatchThreshold(0), torch.randn(6, 1, 28, 28), args)
+    assert set(sens) == {("patch", 0.5), ("patch", 2.0)}
+    row = vision.logged(sens, ("patch", 0.5))
+    assert row["sens"] == sens["patch", 0.5].mean and row["sens_stderr"] == sens["patch", 0.5].stderr
+    assert row["sens_stderr@patch:2"] == sens["patch", 2.0].stderr and row["sens@patch:2"] == sens["patch", 2.0].mean
 
 
 @pytest.mark.slow
@@ -548,11 +567,15 @@ def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
     for d in range(6):
         distinct = len(set(zip(rows[d].tolist(), cols[d].tolist())))
         assert masks[d].sum() == distinct <= 16
+        assert masks[d][rows[d], cols[d]].all()  # the drawn pixels themselves
         for b in range(5):
             changed = (copies[d * 5 + b] != 0).any(0)
             assert torch.equal(changed, masks[d])
     s = vision.scattered_sensitivity(PatchThreshold(0), torch.zeros(10, 1, 28, 28) + 0.01, 7, 1.0, 16, seed=0)
     assert s.evaluations == 160 and 0 < s.mean < 1
+    twice = vision.measure_sensitivity(PatchThreshold(0), torch.zeros(10, 1, 28, 28) + 0.01, patch=7, sigmas=[1.0],
+                                       masks=["scattered"], seed=0, reps=2)  # as many draws as the patch mask's copies
+    assert twice["scattered", 1.0].evaluations == 10 * 16 * 2
     copies, masks = vision.scattered_copies(torch.zeros(50, 1, 32, 32), 4, 2.0, 4, torch.Generator().manual_seed(1))
     noise = copies.view(4, 50, 32, 32)[masks[:, None].expand(4, 50, 32, 32)]
     assert noise.std().item() == pytest.approx(2.0, rel=0.1)  # N(0, sigma^2) on the masked pixels
