@@ -65,7 +65,8 @@ BAD = [
     ("vision", ["--run-name", "../x"], "--run-name must be a plain folder name"),
     ("vision", ["--run-name", "/tmp/x"], "--run-name must be a plain folder name"),
     ("vision", ["--run-name", ".."], "--run-name must be a plain folder name"),
-    ("vision", ["--dataset", "fake28", "--augment"], "--augment (crops padded by 4, flips) is for the 32x32 datasets"),
+    ("vision", ["--dataset", "fake28", "--augment", "--epochs", "1", "--n-train", "20", "--n-sens", "4"],  # fails fast
+     "--augment (crops padded by 4, flips) is for the 32x32 datasets"),
     ("grokking", ["--threads", "100000"], "--threads 100000 is more than 4x the"),
     ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
