@@ -11,12 +11,15 @@ import torch
 import torch.nn.functional as F
 
 import parity
+import runs
 from common import flip, sensitivity
+from runs import seed_all
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
     relevant, (x, y), (xt, yt) = parity.make_task(12, 3, 500, 200, data_seed=0)
     assert len(relevant) == 3 and x.shape == (500, 12, 1) and xt.shape == (200, 12, 1)
+    assert relevant.tolist() == sorted(relevant.tolist())  # as metrics.json lists them
     assert set(x.unique().tolist()) == {-1.0, 1.0}
     assert torch.equal(y, (x[:, relevant, 0].prod(1) > 0).long())
     assert abs(y.float().mean().item() - 0.5) < 0.1
@@ -290,3 +293,103 @@ def test_the_transformer_computes_its_formula():
     for depth in [1, 3]:  # the blocks before the last, and the last, whatever the depth
         deep = parity.ParityTransformer(10, 64, 4, depth).eval()
         assert torch.allclose(deep(x), deep.head(deep.blocks(embedded(deep))[:, 0]), atol=1e-5), depth
+
+
+def test_flags_at_their_edges_and_over_a_settings_values():
+    """--k may equal --n; a --dim that --heads does not divide is fine with --dim-head; --n-sens and --n-eval may take
+    every training sample, one more is refused. A flag given overrides its setting's value, --seeds its seed."""
+    assert parity.parse_args(["--n", "5", "--k", "5"]).k == 5
+    assert parity.parse_args(["--dim", "30", "--heads", "4", "--dim-head", "8"]).dim_head == 8
+    assert parity.parse_args(["--n-sens", "20000", "--n-eval", "20000"]).n_sens == 20000
+    for bad in [["--dim", "30", "--heads", "4"], ["--n-eval", "20001"], ["--setting", "3", "--n-sens", "10001"]]:
+        with pytest.raises(SystemExit):
+            parity.parse_args(bad)
+    assert parity.setting(parity.parse_args(["--setting", "4"]), 4) == {"n_train": 20000, "batch_size": 128, "dim": 64,
+                                                                        "lr": 1e-3, "seeds": [0]}
+    given = ["--setting", "4", "--n-train", "500", "--n-sens", "100", "--batch-size", "32", "--dim", "16", "--lr",
+             "0.01", "--seeds", "3", "4"]
+    assert parity.setting(parity.parse_args(given), 4) == {"n_train": 500, "batch_size": 32, "dim": 16, "lr": 0.01,
+                                                           "seeds": [3, 4]}
+    assert parity.setting(parity.parse_args(["--setting", "2"]), 2)["seeds"] == [1]
+
+
+def test_training_replays_by_hand(tmp_path, monkeypatch):
+    """Three AdamW steps of one run, replayed here from the flags: the initialisation from --seeds, batches of
+    --batch-size drawn with replacement from the generator seeded with --seeds, --lr and --weight-decay; evaluations
+    every --eval-every steps and at the last step, each checking the training loss for divergence and measuring the
+    sensitivity on the first --n-sens training inputs."""
+    checked = []
+    real = runs.Results.diverged
+    monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: checked.append(loss) or
+                        real(self, run, step, loss, *a))
+    argv = ["--n", "10", "--k", "2", "--steps", "3", "--eval-every", "2", "--n-train", "300", "--n-test", "50",
+            "--n-sens", "20", "--dim", "16", "--heads", "2", "--batch-size", "24", "--lr", "3e-3", "--weight-decay",
+            "0.2", "--seeds", "5", "--out-dir", str(tmp_path)]
+    history = parity.main(parity.parse_args(argv))["runs"]["setting1/seed5"]["history"]
+    assert [h["step"] for h in history] == [0, 2, 3]
+    assert checked == [h["train_loss"] for h in history]
+    relevant, (x, y), test = parity.make_task(10, 2, 300, 50, 1234)
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[relevant] = True
+    seed_all(5)
+    model = parity.ParityTransformer(10, 16, 2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.2)
+    gen = torch.Generator().manual_seed(5)
+    losses = []
+    for _ in range(4):
+        losses.append({**parity.evaluate(model, {"train": (x, y), "test": test}),
+                       **parity.measure_sensitivity(model, x[:20], mask, 10)})  # on the first --n-sens inputs
+        model.train()
+        b = torch.randint(300, (24,), generator=gen)
+        loss = F.cross_entropy(model(x[b]), y[b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert [{k: h[k] for k in losses[0]} for h in history] == [losses[0], losses[2], losses[3]]
+
+
+def test_what_the_evaluations_measure_on(tmp_path, monkeypatch):
+    """Train accuracy on the first 2,000 training inputs (all of fewer; --n-eval sets the number), test accuracy on
+    every test input; evaluate() covers sets larger than its chunks of 4,096."""
+    sizes = []
+    real = parity.evaluate
+    monkeypatch.setattr(parity, "evaluate", lambda model, sets: sizes.append({k: len(v[0]) for k, v in sets.items()})
+                        or real(model, sets))
+    base = ["--n", "13", "--k", "2", "--steps", "1", "--n-test", "30", "--n-sens", "5", "--dim", "8", "--heads", "2",
+            "--out-dir", str(tmp_path)]
+    for flags, train in [(["--n-train", "2500"], 2000), (["--n-train", "2500", "--n-eval", "50"], 50),
+                         (["--n-train", "300"], 300)]:
+        sizes.clear()
+        parity.main(parity.parse_args(base + flags))
+        assert sizes == [{"train": train, "test": 30}] * 2, flags
+    torch.manual_seed(0)
+    model = parity.ParityTransformer(13, 8, 2, 1).eval()
+    x = parity.all_inputs(13)[:5000]
+    y = torch.randint(0, 2, (5000,))
+    with torch.no_grad():
+        logits = model(x)
+    row = real(model, {"all": (x, y)})
+    assert row["all_loss"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
+    assert row["all_acc"] == (logits.argmax(1) == y).float().mean().item()
+
+
+def test_all_settings_run_each_settings_values(tmp_path, monkeypatch):
+    """--all-settings: each setting's own training samples, width, learning rate and seed reach the task, the model
+    and the optimiser, in a folder named n<n>-k<k>-all."""
+    made = []
+    real_task, real_model, real_adamw = parity.make_task, parity.ParityTransformer, torch.optim.AdamW
+    monkeypatch.setattr(parity, "make_task", lambda n, k, n_train, *a: made.append(("n_train", n_train)) or
+                        real_task(n, k, n_train, *a))
+    monkeypatch.setattr(parity, "ParityTransformer", lambda n, dim, *a: made.append(("dim", dim)) or
+                        real_model(n, dim, *a))
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, lr, **kw: made.append(("lr", lr)) or
+                        real_adamw(params, lr=lr, **kw))
+    argv = ["--all-settings", "--steps", "1", "--n-test", "20", "--n-sens", "10", "--n-eval", "10", "--out-dir",
+            str(tmp_path)]
+    data = parity.main(parity.parse_args(argv))
+    assert [v for k, v in made if k == "n_train"] == [20000, 20000, 10000, 20000, 20000, 20000]
+    assert [v for k, v in made if k == "dim"] == [64, 64, 64, 64, 128, 64]
+    assert [v for k, v in made if k == "lr"] == [1e-3] * 5 + [2e-3]
+    assert list(data["runs"]) == ["setting1/seed0", "setting2/seed1", "setting3/seed0", "setting4/seed0",
+                                  "setting5/seed0", "setting6/seed0"]
+    assert (tmp_path / "parity" / "n20-k3-all" / "metrics.json").is_file()
