@@ -640,3 +640,43 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     short = language.main(language.parse_args(argv[:-4] + ["--epochs", "0.01", "--out-dir", str(tmp_path),
                                                            "--run-name", "short"]))
     assert [h["step"] for h in short["runs"]["roberta-softmax/seed2"]["history"]] == [0, 1]
+
+
+def test_flag_edges_an_older_folder_and_the_tokenizers_ties(tmp_path):
+    """--max-len 8 holds the four specials and four words (7 is refused); a --dim that --heads does not divide is
+    fine with --dim-head; a folder written before --split existed resumes on GLUE's split (the only one there was),
+    one that saved its split keeps it. The vocabulary is the 4 specials and exactly --vocab-size words, ties in
+    first-seen order; a pair of two equally long sentences that does not fit loses a word of the first one first."""
+    assert language.parse_args(["--max-len", "8"]).max_len == 8
+    assert language.parse_args(["--dim", "250", "--heads", "8", "--dim-head", "32"]).dim_head == 32
+    for bad in [["--max-len", "7"], ["--dim", "250", "--heads", "8"]]:
+        with pytest.raises(SystemExit):
+            language.parse_args(bad)
+    for saved, split in [({}, "glue"), ({"split": "paper"}, "paper")]:
+        (tmp_path / split).mkdir()
+        metrics = {"script": "language", "args": {"task": "mrpc", **saved}, "runs": {}}
+        (tmp_path / split / "metrics.json").write_text(json.dumps(metrics))
+        assert language.parse_args(["--resume", str(tmp_path / split)]).split == split
+    tok = language.Tokenizer(["b a c", "a b d"], size=2)  # a and b twice each, b seen first
+    assert tok.itos == ["<pad>", "<s>", "</s>", "<unk>", "b", "a"]
+    tok = language.Tokenizer(["a b c d e f"], size=100)
+    seq = tok.encode_pair("a b c", "d e f", max_len=9)
+    assert tok.decode(seq) == ["<s>", "a", "b", "</s>", "</s>", "d", "e", "f", "</s>"]
+
+
+def test_sens_test_measures_the_first_n_sens_test_pairs_and_fractional_epochs_round(tmp_path, monkeypatch):
+    """--sens-test measures the first --n-sens test pairs, as the training measurement takes the first --n-sens
+    training pairs; --epochs 0.75 of 13 steps per epoch (400 pairs in batches of 32) is round(9.75) = 10 steps."""
+    measured = []
+    real = language.sensitivities
+    monkeypatch.setattr(language, "sensitivities",
+                        lambda model, tokens, *a, **kw: measured.append(tokens.cpu()) or real(model, tokens, *a, **kw))
+    argv = ["--task", "fake", "--model", "lstm", "--dim", "8", "--depth", "1", "--epochs", "0.75", "--batch-size",
+            "32", "--eval-every", "100", "--n-sens", "5", "--sens-test", "--out-dir", str(tmp_path)]
+    run = language.main(language.parse_args(argv))["runs"]["lstm/seed0"]
+    assert [h["step"] for h in run["history"]] == [0, 10]
+    train, test = language.fake_pairs(400, 0), language.fake_pairs(100, 1)
+    tok = language.Tokenizer([t for a, b, _ in train for t in (a, b)], 10000)
+    x, xt = (language.encode(pairs, tok, 128)[0] for pairs in (train, test))
+    assert len(measured) == 4  # at each of the two evaluations: the training pairs, then the test pairs
+    assert all(torch.equal(m, want[:5]) for m, want in zip(measured, [x, xt, x, xt]))
