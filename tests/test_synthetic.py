@@ -204,6 +204,10 @@ def test_the_data_depend_only_on_data_seed():
     c = synthetic.make_sets(vocab, synthetic.parse_args(["--data-seed", "7"]), sizes)
     assert all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a)
     assert not torch.equal(a["train"][0], c["train"][0])
+    g = torch.Generator().manual_seed(1234)  # one generator, drawn for train, test and OOD in that order
+    drawn = [synthetic.make_data(vocab, size=n, generator=g, ood=ood, **sizes)
+             for n, ood in [(4000, False), (2000, False), (2000, True)]]
+    assert all(torch.equal(u, v) for k, d in zip(a, drawn) for u, v in zip(a[k], d))
 
 
 @pytest.mark.slow
@@ -243,3 +247,44 @@ def test_claim_holds_where_every_seed_learns_the_less_sensitive_feature(capsys):
                    runs(sparse_lower=[{}])]:
         report.synthetic_claim(broken)
         assert capsys.readouterr().out.splitlines()[-1].endswith(" in 0 of 1 settings")
+
+
+def test_sizes_at_their_edges_and_the_fig12_settings():
+    """On their bounds, n_s + n_f = n (no irrelevant token), alpha = 1, --n-sens = --n-train and one-hot sets just
+    under 4 GB are accepted; alpha = 0.5 (the frequent vote would tie), alpha * n_f 0.05 off a whole number and one
+    sequence more than 4 GB are refused. alpha * n_f = 0.58 * 50 = 28.999999999999996 is 29 tokens of F_y. --fig12
+    adds three settings per case, each named by what it changes."""
+    for argv in [["--n", "12"], ["--alpha", "1", "--n-frequent", "9"], ["--n-sens", "4000"],
+                 ["--n-train", "1220161"]]:  # 1,220,161 sequences of 20 one-hot tokens of width 44: 2^32 - 576 bytes
+        synthetic.parse_args(argv)
+    for argv in [["--alpha", "0.5", "--n-frequent", "10"], ["--alpha", "0.55", "--n-frequent", "9"],
+                 ["--n-train", "1220162"]]:
+        with pytest.raises(SystemExit):
+            synthetic.parse_args(argv)
+    vocab = synthetic.Vocab(2, 10, 20)
+    ids, y = synthetic.make_data(vocab, n=60, n_sparse=3, n_frequent=50, alpha=0.58, size=50,
+                                 generator=torch.Generator().manual_seed(0))
+    assert ((vocab.kind[ids] == 1) & (vocab.sign[ids] == y[:, None])).sum(1).eq(29).all()
+    labels = [label for label, _ in synthetic.settings(synthetic.parse_args(["--fig12"]))]
+    assert labels == ["sparse-lower", "sparse-lower:n=30", "sparse-lower:n_sparse=4",
+                      "sparse-lower:n_frequent=7,alpha=0.571", "frequent-lower", "frequent-lower:n=30",
+                      "frequent-lower:n_frequent=8", "frequent-lower:alpha=0.9"]
+
+
+def test_a_zero_score_predicts_minus_and_the_attention_mass_is_over_keys():
+    """A score of exactly 0 predicts label -; the attention mass of a kind is what the queries give to keys of that
+    kind: a key-query matrix that favours the sparse tokens as keys puts almost all of it there, although only 3 of
+    the 20 queries are sparse tokens."""
+    vocab = synthetic.Vocab(2, 10, 20)
+    onehot = torch.eye(vocab.d)
+    args = synthetic.parse_args(["--n-train", "300", "--n-test", "200", "--n-sens", "100"])
+    sets = synthetic.make_sets(vocab, args, dict(n=20, **synthetic.CASES["sparse-lower"]))
+    model = synthetic.AttentionClassifier(vocab.d, 4, 0.1)
+    with torch.no_grad():
+        model.theta.zero_()  # every score 0
+        model.W.zero_()
+        model.W[:, :4] = 20.0  # every query, whatever its token, scores the 4 sparse ids high as keys
+    row = synthetic.evaluate(model, vocab, onehot, sets, onehot[sets["train"][0][:100]])
+    for name in ["train", "test", "ood"]:
+        assert row[f"{name}_acc"] == (sets[name][1] == -1).float().mean().item()
+    assert row["att_sparse"] > 0.99 and row["att_frequent"] + row["att_irrelevant"] < 0.01
