@@ -228,6 +228,9 @@ def parse_args(argv=None):
     g.add_argument("--n-sharp", type=positive_int, default=2000, help="training images the sharpness is measured on")
     add_run_flags(p, unit="epochs", default_name="<dataset>-<models>, fig9 or from-vision")
     args = parse(p, "robustness", argv)
+    if args.from_vision and given(argv, "--variants", "--paper-fig9"):  # else silently evaluated as vanilla
+        p.error("--from-vision evaluates the models vision.py saved, as they were trained: drop --variants and "
+                "--paper-fig9")
     if args.from_vision:  # the saved run's model and data flags first, so that those given here take precedence
         args = parse_with(p, argv, args.from_vision, "vision")
     vision.check_flags(p, args)

@@ -69,6 +69,8 @@ BAD = [
      "--augment (crops padded by 4, flips) is for the 32x32 datasets"),
     ("grokking", ["--threads", "100000"], "--threads 100000 is more than 4x the"),
     ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
+    ("robustness", ["--from-vision", "x", "--variants", "reg"], "--from-vision evaluates the models vision.py saved"),
+    ("robustness", ["--from-vision", "x", "--paper-fig9"], "as they were trained: drop --variants and --paper-fig9"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
     ("synthetic", ["--n-train", "1000000000"], "would take over 4 GB to evaluate"),
     ("synthetic", ["--n-train", "1e9"], "--n-train must be an integer >= 1, got '1e9'"),

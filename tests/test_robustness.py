@@ -323,7 +323,7 @@ def test_evaluate_corruptions_by_default_makes_every_corruption_it_can_and_says_
     assert list(out["skipped"]) == ["frost"] and "frost_dir=" in out["skipped"]["frost"]
 
 
-def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use():
+def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(monkeypatch):
     """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes; a model with
     no parameters runs; bad names, severities, sizes, labels, normalisations and NaN outputs are refused with a
     message naming what is wrong."""
@@ -335,6 +335,13 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
     a = R.evaluate_corruptions(net, images, labels, **kw)
     b = R.evaluate_corruptions(net, images.float() / 255, labels, **kw)
     assert a == b and a["clean_acc"] is not None
+    clean = []  # floats a hair off their byte (another pipeline's rounding) are read as that byte, not the one below
+    monkeypatch.setattr(R, "accuracy", lambda m, x, y: clean.append(x) or 0.0)
+    R.evaluate_corruptions(net, (images.float() / 255 - 1e-4).clamp(0, 1), labels, **kw)
+    assert torch.equal(clean[0], images)
+    monkeypatch.undo()
+    one = R.evaluate_corruptions(net, images, labels, n=1, **kw)  # a last chunk of one image is still corrupted
+    assert one["corruption_acc"]["contrast"]["5"] in (0.0, 1.0)
     c = R.evaluate_corruptions(NoParameters(), images, labels, **kw)
     assert c["clean_acc"] == pytest.approx((labels == 0).sum().item() / 40)
     bad = [(dict(corruptions="gaussian_noise"), TypeError, "corruptions must be a list of names"),
@@ -342,6 +349,7 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
            (dict(severities=[0]), ValueError, "severity must be one of 1, 2, 3, 4, 5, got 0"),
            (dict(severities=[-1]), ValueError, "got -1"), (dict(severities=[6]), ValueError, "got 6"),
            (dict(n=-1), ValueError, "n must be None (all) or a number of images >= 1, got -1"),
+           (dict(n=0), ValueError, "n must be None (all) or a number of images >= 1, got 0"),
            (dict(labels=labels[:30]), ValueError, "40 images, 30 labels"),
            (dict(images=images.float()), ValueError, "float images must lie in [0, 1]"),
            (dict(corruptions=["frost"]), FileNotFoundError, "in frost_dir= (--frost-dir); no folder was given; or "
@@ -382,10 +390,12 @@ def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path
 def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
     """The final sensitivity is the first --sigma's patch mask with --reps, --sens-positions and --sens-seed; the
     corruptions get --n-corrupt, --corruptions, --severities, the release or frost folders and the run's seed, and see
-    the model through Normalize(0.5, 0.5) on [0, 1] images; the sharpness draws from a generator seeded with it."""
+    the model through Normalize(0.5, 0.5) on [0, 1] images; the sharpness is measured on the first --n-sharp training
+    images with --sharp-std and --sharp-reps, drawing from a generator seeded with the run's seed."""
     args = R.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40",
                          "--n-test", "20", "--n-sens", "4", "--sigma", "2", "3", "--reps", "2", "--sens-positions", "3",
-                         "--sens-seed", "5", "--n-corrupt", "10", "--corruptions", "contrast", "--severities", "2"])
+                         "--sens-seed", "5", "--n-corrupt", "10", "--corruptions", "contrast", "--severities", "2",
+                         "--sens-patch", "7", "--sharp-std", "0.3", "--sharp-reps", "2", "--n-sharp", "6"])
     args.frost_dir = "textures"  # only handed on: evaluate_corruptions is a spy here
     data = vision.prepare_data(args, torch.device("cpu"))
     torch.manual_seed(0)
@@ -398,19 +408,21 @@ def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
         return {}
 
     def sharpness(m, x, std, reps, gen):
-        seen["gen"] = gen.initial_seed()
+        seen["gen"], seen["sharp"] = gen.initial_seed(), (x, std, reps)
         return real_sharpness(m, x, std, reps, gen)
 
     monkeypatch.setattr(vision, "measure_sensitivity", spy(seen, "sens", vision.measure_sensitivity))
     monkeypatch.setattr(R, "evaluate_corruptions", corrupt)
     monkeypatch.setattr(R, "sharpness", sharpness)
     R.evaluate_model(model, args, data, seed=7)
-    assert seen["sens"] == dict(patch=args.sens_patch, sigmas=[2.0], masks=["patch"], seed=5, reps=2, positions=3)
+    assert seen["sens"] == dict(patch=7, sigmas=[2.0], masks=["patch"], seed=5, reps=2, positions=3)
     on_01, kw = seen["corrupt"]
     assert kw == dict(corruptions=["contrast"], severities=[2], cifar10c_dir=None, n=10, frost_dir="textures", seed=7)
     x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
     assert torch.allclose(on_01(x.float() / 255), model(vision.normalize(x)), atol=1e-5)
     assert seen["gen"] == 7
+    x, std, reps = seen["sharp"]  # on the first --n-sharp training images, with --sharp-std and --sharp-reps
+    assert torch.equal(x, vision.normalize(data["train_x"][:6])) and std == 0.3 and reps == 2
 
 
 def test_main_seeds_the_variants_noise_saves_the_summary_and_checks_n_corrupt(tmp_path, monkeypatch):
@@ -436,3 +448,44 @@ def test_main_seeds_the_variants_noise_saves_the_summary_and_checks_n_corrupt(tm
     assert on_disk["summary"] == json.loads(json.dumps(data["summary"])) and on_disk["summary"]
     with pytest.raises(ValueError, match="--n-corrupt 30 asks for more than the 20 test images"):
         R.main(R.parse_args(small + ["--n-corrupt", "30", "--run-name", "n"]))
+
+
+def test_another_ranks_noise_and_the_note_on_a_mean_without_frost(tmp_path, monkeypatch, capsys):
+    """Under torchrun rank r draws the noise of augment and reg from seed + 1,000,003 r (each rank's slice of the
+    batch its own noise); with 14 of the 15 standard corruptions (frost left out without its textures) a note says
+    what the mean is over. --paper-fig9 records the models and variants it trains in the run's flags."""
+    made = []
+    real = R.make_loss
+    monkeypatch.setattr(R, "make_loss", lambda variant, args, gen: made.append(gen.initial_seed()) or
+                        real(variant, args, gen))
+    monkeypatch.setattr(R, "ranks", lambda: (1, 2))  # robustness.py reads its rank for this seed alone
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
+            "--n-sens", "4", "--epochs", "1", "--variants", "reg", "--seeds", "2", "--severities", "1", "--n-corrupt",
+            "2", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path)]
+    R.main(R.parse_args(argv))
+    assert made == [2 + 1_000_003]
+    assert ("note: mean_corruption_acc is over 14 of the 15 standard corruptions (frost needs --frost-dir)"
+            in capsys.readouterr().out)
+    args = R.parse_args(["--paper-fig9"])
+    assert args.model == ["resnet18", "densenet121", "vit", "vit-simple"]
+    assert args.variants == ["vanilla", "augment", "reg"]
+
+
+def test_a_run_stopped_while_it_is_measured_is_measured_on_resume(tmp_path, monkeypatch):
+    """Ctrl-C while a trained model's corruptions are measured: its final record holds training's numbers alone, and
+    --resume measures it (corruption accuracy and sharpness) instead of counting it finished."""
+    def stop(*a, **kw):
+        raise KeyboardInterrupt
+
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
+            "--n-sens", "4", "--epochs", "1", "--corruptions", "contrast", "--severities", "1", "--n-sharp", "10",
+            "--sharp-reps", "1", "--out-dir", str(tmp_path), "--run-name", "c"]
+    monkeypatch.setattr(R, "evaluate_corruptions", stop)
+    with pytest.raises(KeyboardInterrupt):
+        R.main(R.parse_args(argv))
+    monkeypatch.undo()
+    folder = tmp_path / "robustness" / "c"
+    partial = json.loads((folder / "metrics.json").read_text())["runs"]["mlp-vanilla/seed0"]["final"]
+    assert "train_acc" in partial and "corruption_acc" not in partial
+    final = R.main(R.parse_args(["--resume", str(folder)]))["runs"]["mlp-vanilla/seed0"]["final"]
+    assert "contrast" in final["corruption_acc"] and "shop" in final
