@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 import grokking
 import report
+import runs
+from common import gaussian, sensitivity
 from conftest import spy
 
 
@@ -130,9 +132,11 @@ def test_end_to_end(tmp_path):
 
 
 def test_bad_arguments():
-    for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--dim", "30", "--heads", "4"], ["--p", "1"]]:
+    for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--dim", "30", "--heads", "4"], ["--p", "1"],
+                 ["--frac-train", "1"], ["--p", "2", "--frac-train", "0.2"]]:  # no test pair; int(0.8): no train pair
         with pytest.raises(SystemExit):
             grokking.parse_args(argv)
+    assert grokking.parse_args(["--p", "2", "--frac-train", "0.25"]).p == 2  # one training pair of the four
 
 
 class Both(torch.nn.Module):
@@ -244,3 +248,55 @@ def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch):
     hist = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["history"]
     assert made == {"opt": {"lr": 0.003, "weight_decay": 0.5, "betas": (0.9, 0.98)}, "model": {"residual": False}}
     assert 0 <= hist[0]["time"] <= hist[-1]["time"] < 600
+
+
+def test_both_sensitivities_are_the_estimators_with_their_arguments():
+    """measure_sensitivity is the estimator on the number embeddings with --reps draws and the run's seed: token-wise
+    with the '=' position masked out, joint with a and b as one token and '=' put back for each copy's own pair."""
+    torch.manual_seed(0)
+    model = grokking.OneLayerTransformer(7, 16, 2, 32).eval()
+    tokens = grokking.make_data(7, 0.5, seed=0)[0][:20]
+    row = grokking.measure_sensitivity(model, tokens, 0.7, 3, seed=4)
+    with torch.no_grad():
+        e = model.embed(tokens)
+        mask = torch.tensor([[True, True, False]]).expand(20, 3)
+        tok = sensitivity(lambda xb, idx: model.forward_embedded(xb), e, gaussian(0.7), mask=mask, reps=3, seed=4)
+        joint = sensitivity(lambda xb, idx: model.forward_embedded(torch.cat([xb.view(len(xb), 2, -1), e[idx, 2:]], 1)),
+                            e[:, :2].reshape(20, 1, -1), gaussian(0.7), reps=3, seed=4)
+    assert row == {"sens": tok.mean, "sens_stderr": tok.stderr, "sens_joint": joint.mean,
+                   "sens_joint_stderr": joint.stderr}
+    assert 0 < tok.mean < 1 and 0 < joint.mean < 1  # not vacuous: some copies flip, some do not
+
+
+def test_training_replays_by_hand(tmp_path, monkeypatch):
+    """Three full-batch AdamW epochs of one run, replayed here from the flags: the initialisation from --seeds, every
+    training pair each epoch; evaluations every --eval-every epochs and at the last, each checking the training loss
+    for divergence and measuring the sensitivity on the training pairs with the run's seed. With --stop-after-grok
+    the progress line's time to the end is an upper bound."""
+    checked, early = [], []
+    real_diverged, real_progress = runs.Results.diverged, runs.Results.progress
+    monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: checked.append(loss) or
+                        real_diverged(self, run, step, loss, *a))
+    monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: early.append(kw.get("early")) or
+                        real_progress(self, *a, **kw))
+    argv = ["--p", "7", "--frac-train", "0.5", "--epochs", "3", "--eval-every", "2", "--dim", "16", "--heads", "2",
+            "--mlp-dim", "32", "--lr", "0.01", "--seeds", "3", "--sigma", "0.7", "--reps", "2", "--out-dir",
+            str(tmp_path)]
+    history = grokking.main(grokking.parse_args(argv))["runs"]["p7/seed3"]["history"]
+    assert [h["epoch"] for h in history] == [0, 2, 3]
+    assert checked == [h["train_loss"] for h in history] and early == [False]
+    tokens, labels, train = grokking.make_data(7, 0.5, 598)
+    runs.seed_all(3)
+    model = grokking.OneLayerTransformer(7, 16, 2, 32)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=1.0, betas=(0.9, 0.98))
+    rows = []
+    for _ in range(4):
+        rows.append({**grokking.evaluate(model, tokens, labels, train),
+                     **grokking.measure_sensitivity(model, tokens[train], 0.7, 2, seed=3)})
+        loss = grokking.loss_fn(model(tokens[train]), labels[train])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert [{k: h[k] for k in rows[0]} for h in history] == [rows[0], rows[2], rows[3]]
+    grokking.main(grokking.parse_args(argv[:-2] + ["--stop-after-grok", "5", "--out-dir", str(tmp_path)]))
+    assert early == [False, True]
