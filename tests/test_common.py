@@ -2,12 +2,13 @@
 
 import math
 import re
+import types
 
 import pytest
 import torch
 
-from common import (flip, gaussian, paired_differences, patchify, replace, sensitivity, sensitivity_counts, summarise,
-                    unpatchify)
+from common import (chunk_seed, default_batch_size, flip, gaussian, paired_differences, patchify, replace, sensitivity,
+                    sensitivity_counts, summarise, unpatchify)
 
 
 def threshold_model(k):
@@ -203,7 +204,9 @@ def test_patchify_layout_and_round_trip():
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 3, 2), gaussian(1), mask=torch.zeros(4, 3, dtype=bool)),
     lambda: sensitivity(lambda xb, i: xb[:, 0], torch.randn(4, 6), gaussian(1)),
     lambda: patchify(torch.randn(1, 3, 32, 32), 5),
+    lambda: patchify(torch.randn(1, 3, 32, 30), 4),  # the height divides, the width does not
     lambda: unpatchify(torch.randn(1, 64, 48), 4, (3, 32, 30)),
+    lambda: unpatchify(torch.randn(1, 64, 47), 4, (3, 32, 32)),  # 64 patches, but not of 3 * 4 * 4 values
     lambda: replace(torch.randn(5)),
     lambda: replace(torch.zeros(0, 3)),
 ])
@@ -346,6 +349,12 @@ def test_paired_differences_against_hand_computed_values():
      "reps must be an integer"),
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), batch_size=2.5), TypeError,
      "batch_size must be an integer"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), reps=True), TypeError,
+     "reps must be an integer, got True"),  # a bool is an int to Python, never a number of draws here
+    (lambda: sensitivity(lambda xb, i: torch.cat([xb[:, 0, 0], xb[:1, 0, 0]]), torch.randn(4, 3, 2), gaussian(1)),
+     ValueError, "f returned output of shape (5,) for a batch of 4 rows"),  # one row too many
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2).index_fill(0, torch.tensor([1]), math.inf),
+                         gaussian(1)), ValueError, "x holds non-finite values in 1 of its 4 inputs"),  # inf, not NaN
     (lambda: gaussian("abc"), TypeError, "sigma must be a number"),
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), 0.1, seed=0), TypeError,
      "perturb must be callable (gaussian(sigma), replace(vocab), flip()), got 0.1"),
@@ -381,3 +390,55 @@ def test_labels_with_a_kept_dimension_are_labels_and_a_model_in_train_mode_is_re
     with pytest.raises(ValueError, match="model.eval"):
         sensitivity(lambda xb, idx: net(xb), torch.randn(200, 2, 2), gaussian(0.0), seed=0)
     assert sensitivity(lambda xb, idx: net.eval()(xb), torch.randn(200, 2, 2), gaussian(0.0), seed=0).mean == 0
+
+
+def test_the_train_mode_check_tolerates_one_changed_prediction_in_a_hundred():
+    """The clean predictions of the first chunk are computed twice: more changed than max(1, 1% of the chunk) is a
+    model in train mode and refused; up to that many (a near-tie on a GPU) are let through."""
+    def flaky(changed):  # labels 0, but `changed` of them 1 on the second call (the check), as dropout would
+        calls = []
+
+        def f(xb, idx):
+            calls.append(1)
+            y = torch.zeros(len(xb), dtype=torch.long)
+            y[:changed if len(calls) == 2 else 0] = 1
+            return y
+        return f
+
+    for n, allowed in [(100, 1), (1000, 10)]:
+        x = torch.zeros(n, 2, 1)
+        assert sensitivity(flaky(allowed), x, flip(), batch_size=n).mean == 0
+        with pytest.raises(ValueError, match="model.eval"):
+            sensitivity(flaky(allowed + 1), x, flip(), batch_size=n)
+
+
+def test_default_batch_size_follows_its_budgets():
+    """Rows per chunk: on a CPU 600,000 floats over each row's T * (T + D); on CUDA 2^24 floats (64 MB) over its
+    T * D; never fewer than 64 rows nor more than 16,384."""
+    cuda = types.SimpleNamespace(type="cuda")
+    assert default_batch_size(torch.zeros(1, 64, 48)) == 600_000 // (64 * 112)  # 83
+    assert default_batch_size(torch.zeros(1, 4, 4)) == 16384  # 18,750 capped
+    assert default_batch_size(torch.zeros(1, 256, 3072)) == 64  # 0 raised to the floor
+    assert default_batch_size(types.SimpleNamespace(shape=(1, 64, 48), device=cuda)) == 2**24 // (64 * 48)  # 5,461
+
+
+def test_a_position_draw_at_the_top_of_its_range_stays_on_a_valid_position(monkeypatch):
+    """positions=k picks the u-th valid position with u = floor(U * n_valid): a uniform draw that comes out as 1.0
+    (a generator's closed upper end, or rounding) picks the last valid position, never a masked one."""
+    real = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.ones(n, device=device))
+    mask = torch.tensor([[True, True, False]] * 4)
+    s = sensitivity(lambda xb, i: xb[:, 1, 0] > 0, torch.ones(4, 3, 1), flip(), mask=mask, positions=2, seed=0)
+    monkeypatch.setattr(torch, "rand", real)
+    pp = s.per_position.tolist()
+    assert math.isnan(pp[0]) and pp[1] == 1.0 and math.isnan(pp[2])  # the second of the two valid ones, every time
+
+
+def test_a_key_the_reference_lacks_is_not_paired_and_the_chunk_seeds_never_change():
+    """paired_differences compares a model with the reference only at the keys both were measured at. chunk_seed, the
+    noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63: the same seed re-measures the same
+    noise in any later version."""
+    out = paired_differences({("a", 0): {"0.1": [1.0, 0.0], "0.5": [1.0, 1.0]}, ("b", 0): {"0.1": [0.0, 0.0]}}, "b")
+    assert list(out["models"]["a"]["diff"]) == ["0.1"] and out["models"]["a"]["diff"]["0.1"]["mean"] == 0.5
+    assert chunk_seed(0, 1) == 0xBF58476D1CE4E5B9 - 2**63 and chunk_seed(1, 0) == 0x9E3779B97F4A7C15 - 2**63
+    assert chunk_seed(5, 3) == (5 * 0x9E3779B97F4A7C15 + 3 * 0xBF58476D1CE4E5B9) % 2**63 > 2**62
