@@ -4,9 +4,11 @@ masks, the hand-written LSTM against torch.nn.LSTM, the right-aligned sensitivit
 import json
 import math
 import os
+import shutil
 import time
 import urllib.error
 import urllib.request
+import zipfile
 
 import pytest
 import torch
@@ -170,8 +172,8 @@ def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypat
     with pytest.raises(FileNotFoundError, match=r"train.tsv.*--download"):
         language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
     (tmp_path / "bad.tsv").write_text("a\tb\n1\t2\n")
-    with pytest.raises(ValueError, match="not a GLUE MRPC file"):
-        language.read_tsv(str(tmp_path / "bad.tsv"), "mrpc")
+    with pytest.raises(ValueError, match="not a GLUE MRPC file: no column '#1 String' in its header"):
+        language.read_tsv(str(tmp_path / "bad.tsv"), "mrpc")  # the first of the three it lacks
     write_mrpc(tmp_path / "MRPC", PAIRS, "cut.tsv")  # a download cut off inside the last sentence of the last row
     path = tmp_path / "MRPC" / "cut.tsv"
     path.write_text(path.read_text()[:-8])
@@ -407,17 +409,56 @@ def test_evaluate_gives_the_known_loss_accuracy_and_majority_share():
 
 
 def test_mrpc_download_puts_every_pair_in_exactly_one_split(tmp_path, monkeypatch):
-    """GLUE's rule: the pairs listed in dev_ids.tsv form dev.tsv, all the others train.tsv; disjoint, complete."""
+    """GLUE's rule: the pairs listed in dev_ids.tsv form dev.tsv, all the others train.tsv; disjoint, complete. The
+    Microsoft file's byte-order mark stays out of both, a bare quote stays in its sentence, and a row of another
+    number of fields is an error naming its line."""
     rows = [f"{i % 2}\t{100 + i}\t{200 + i}\tsentence a {i}\tsentence b {i}" for i in range(10)]
-    files = {"msr_paraphrase_train.txt": "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n",
-             "msr_paraphrase_test.txt": "", "dev_ids.tsv": "102\t202\n107\t207\n"}
-    monkeypatch.setattr(urllib.request, "urlretrieve", lambda url, path: open(path, "w").write(
+    rows[3] = rows[3].replace("sentence a 3", '"yes" he said')
+    files = {"msr_paraphrase_train.txt": "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) +
+             "\n", "msr_paraphrase_test.txt": "", "dev_ids.tsv": "102\t202\n107\t207\n"}
+    monkeypatch.setattr(urllib.request, "urlretrieve", lambda url, path: open(path, "w", encoding="utf-8").write(
         files[os.path.basename(path)]))
     language.download("mrpc", str(tmp_path))
     train = language.read_tsv(str(tmp_path / "MRPC" / "train.tsv"), "mrpc")
     dev = language.read_tsv(str(tmp_path / "MRPC" / "dev.tsv"), "mrpc")
     assert [a for a, _, _ in dev] == ["sentence a 2", "sentence a 7"] and len(train) == 8
     assert not {a for a, _, _ in train} & {a for a, _, _ in dev}
+    assert '"yes" he said' in [a for a, _, _ in train]
+    assert all((tmp_path / "MRPC" / f).read_bytes().startswith(b"Quality\t") for f in ["train.tsv", "dev.tsv"])
+    files["msr_paraphrase_train.txt"] += "1\t300\t400\tone\ttwo\tthree\n"
+    with pytest.raises(ValueError, match=r"msr_paraphrase_train.txt line 12 has 6 tab-separated fields, expected 5"):
+        language.download("mrpc", str(tmp_path))
+
+
+def test_qqp_download_and_the_rows_a_glue_file_may_not_have(tmp_path, monkeypatch):
+    """QQP: train.tsv and dev.tsv come out of GLUE's archive, and an archive without them is named. A GLUE file
+    that starts with a byte-order mark reads as one without; a header without rows, or a row with more fields than
+    the header, is an error naming the file."""
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+    archive = tmp_path / "made.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("QQP/train.tsv", header + "0\t1\t2\tWhy?\tHow?\t0\n1\t3\t4\tWho?\tWhom?\t1\n")
+        z.writestr("QQP/dev.tsv", header + "2\t5\t6\tWhat?\tWhat?\t1\n")
+    monkeypatch.setattr(urllib.request, "urlretrieve", lambda url, path: shutil.copy(archive, path))
+    language.download("qqp", str(tmp_path / "glue"))
+    assert language.read_tsv(str(tmp_path / "glue" / "QQP" / "train.tsv"), "qqp") == [("Why?", "How?", 0),
+                                                                                        ("Who?", "Whom?", 1)]
+    assert language.read_tsv(str(tmp_path / "glue" / "QQP" / "dev.tsv"), "qqp") == [("What?", "What?", 1)]
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("QQP/train.tsv", header)
+    with pytest.raises(ValueError, match=r"QQP-clean.zip is not GLUE's QQP archive"):
+        language.download("qqp", str(tmp_path / "other"))
+    for name, text, message in [
+            ("bom.tsv", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\n", None),
+            ("empty.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n", "empty.tsv holds no sentence pairs"),
+            ("long.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\tc\n",
+             "line 2 has 6 fields, not the header's 5")]:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        if message is None:
+            assert language.read_tsv(str(tmp_path / name), "mrpc") == [("a", "b", 1)]
+        else:
+            with pytest.raises(ValueError, match=message):
+                language.read_tsv(str(tmp_path / name), "mrpc")
 
 
 @pytest.mark.slow

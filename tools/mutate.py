@@ -81,6 +81,7 @@ TARGETS = {
                      "LSTMClassifier.__init__", "LSTMClassifier.embed_normed", "LSTMClassifier.run_fused",
                      "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim", "main"],
                     ["tests/test_language.py"]),
+    "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
                        "Normalize.forward", "evaluate_model", "main"], ["tests/test_robustness.py"]),
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
