@@ -13,7 +13,6 @@ import torch.nn.functional as F
 import parity
 import runs
 from common import flip, sensitivity
-from runs import seed_all
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
@@ -331,13 +330,13 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     relevant, (x, y), test = parity.make_task(10, 2, 300, 50, 1234)
     mask = torch.zeros(10, dtype=torch.bool)
     mask[relevant] = True
-    seed_all(5)
+    runs.seed_all(5)
     model = parity.ParityTransformer(10, 16, 2, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.2)
     gen = torch.Generator().manual_seed(5)
-    losses = []
+    rows = []
     for _ in range(4):
-        losses.append({**parity.evaluate(model, {"train": (x, y), "test": test}),
+        rows.append({**parity.evaluate(model, {"train": (x, y), "test": test}),
                        **parity.measure_sensitivity(model, x[:20], mask, 10)})  # on the first --n-sens inputs
         model.train()
         b = torch.randint(300, (24,), generator=gen)
@@ -345,7 +344,7 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert [{k: h[k] for k in losses[0]} for h in history] == [losses[0], losses[2], losses[3]]
+    assert [{k: h[k] for k in rows[0]} for h in history] == [rows[0], rows[2], rows[3]]
 
 
 def test_what_the_evaluations_measure_on(tmp_path, monkeypatch):

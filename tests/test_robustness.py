@@ -324,9 +324,10 @@ def test_evaluate_corruptions_by_default_makes_every_corruption_it_can_and_says_
 
 
 def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(monkeypatch):
-    """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes; a model with
-    no parameters runs; bad names, severities, sizes, labels, normalisations and NaN outputs are refused with a
-    message naming what is wrong."""
+    """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes, and floats a
+    hair below a byte are read as that byte; one image alone is corrupted too; a model with no parameters runs; bad
+    names, severities, sizes, labels, normalisations and NaN outputs are refused with a message naming what is
+    wrong."""
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 32, 32), generator=g, dtype=torch.uint8)
     labels = torch.randint(0, 2, (40,), generator=g)
