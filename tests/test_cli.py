@@ -85,6 +85,7 @@ BAD = [
     ("vision", ["--device", "tpu"], "--device"),
     ("report", ["/no/such/run"], "/no/such/run: no such run folder"),
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
+    ("imagenet", ["--imagenet-dir", imagenet.__file__], f"--imagenet-dir {imagenet.__file__}: no such folder"),
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
     ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),

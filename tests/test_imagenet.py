@@ -124,6 +124,50 @@ def test_images_are_cropped_to_224_and_normalised_as_imagenet(tmp_path):
     assert torch.allclose(images[0], want[:, None, None].expand(3, 224, 224), atol=1e-6)
 
 
+def test_the_crop_keeps_the_centre_of_a_picture_resized_to_256(tmp_path):
+    """A 256 x 512 picture whose columns grow from left to right (column c has value c // 2): resized so that its
+    short side is 256 it is unchanged, and the 224 x 224 centre crop starts at row 16 and column 144."""
+    columns = np.broadcast_to((np.arange(512) // 2).astype(np.uint8)[None, :, None], (256, 512, 3))
+    (tmp_path / "imgs" / "c").mkdir(parents=True)
+    Image.fromarray(np.ascontiguousarray(columns)).save(tmp_path / "imgs" / "c" / "0.png")
+    images, _, _ = imagenet.load_images(imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens",
+                                                             "1"]), "cpu")
+    want = ((144 + torch.arange(224)) // 2 / 255 - 0.485) / 0.229  # the red channel of every row
+    assert torch.allclose(images[0, 0], want.expand(224, 224), atol=1e-5)
+
+
+def test_the_subset_follows_data_seed_and_the_random_models_are_fixed(tmp_path):
+    """--data-seed s measures the images randperm(s)[:--n-sens] of the folder; --random-weights builds the same
+    model in every run whatever torch's generator holds, in eval mode."""
+    imgs = str(fake_imagenet(tmp_path / "imgs"))
+
+    def load(n, s):
+        return imagenet.load_images(imagenet.parse_args(["--imagenet-dir", imgs, "--n-sens", str(n), "--data-seed",
+                                                         str(s)]), "cpu")[0]
+
+    def perm(s):
+        return torch.randperm(6, generator=torch.Generator().manual_seed(s))
+
+    by_index = torch.empty(6, 3, 224, 224)
+    by_index[perm(0)] = load(6, 0)  # image i of the folder
+    assert torch.equal(load(3, 3), by_index[perm(3)[:3]]) and not torch.equal(perm(3)[:3], perm(0)[:3])
+    torch.manual_seed(123)
+    a = imagenet.load_model("convnext_tiny", True, "cpu")
+    torch.manual_seed(456)
+    b = imagenet.load_model("convnext_tiny", True, "cpu")
+    assert not a.training and all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_the_headline_is_the_first_mask_at_the_first_sigma(tmp_path, monkeypatch):
+    """--mask global patch --sigma 100 1: the run's "sens" is the global mask's at sigma 100."""
+    stand_ins(monkeypatch)
+    args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "3",
+                                "--sens-positions", "4", "--mask", "global", "patch", "--sigma", "100", "1",
+                                "--out-dir", str(tmp_path / "out")])
+    final = imagenet.main(args)["runs"]["convnext_tiny/seed0"]["final"]
+    assert final["sens"] == final["sens_at"]["global:100"]["sens"] != final["sens_at"]["patch:100"]["sens"]
+
+
 def test_measure_is_the_estimator_on_16x16_patches_and_on_the_whole_image(tmp_path):
     """measure(): the patch mask is common.sensitivity on the 196 patches of 16 x 16, the global mask on the whole
     image with std sigma / 14 (one patch's noise energy), both with --reps and --sens-seed; --sweep adds the sweep's
@@ -162,6 +206,11 @@ def test_accuracy_on_an_imagenet_folder_and_the_time_of_each_model(tmp_path, mon
     for run in data["runs"].values():
         assert run["final"]["train_acc"] == (labels == 3).float().mean().item() > 0
         assert run["seconds"]["final"] > 0 and run["seconds"]["training"] == 0
+    (tmp_path / "imgs" / "n1000").mkdir()  # 1,001 classes: not ImageNet's labels, so no accuracy
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "imgs" / "n1000" / "0.png")
+    args = imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens", "2", "--sens-positions", "1",
+                                "--out-dir", str(tmp_path / "out"), "--run-name", "other"])
+    assert all("train_acc" not in run["final"] for run in imagenet.main(args)["runs"].values())
 
 
 def test_the_global_mask_spreads_one_patchs_noise_energy_over_the_whole_image(tmp_path):
