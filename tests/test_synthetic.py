@@ -252,8 +252,8 @@ def test_claim_holds_where_every_seed_learns_the_less_sensitive_feature(capsys):
 def test_sizes_at_their_edges_and_the_fig12_settings():
     """On their bounds, n_s + n_f = n (no irrelevant token), alpha = 1, --n-sens = --n-train and one-hot sets just
     under 4 GB are accepted; alpha = 0.5 (the frequent vote would tie), alpha * n_f 0.05 off a whole number and one
-    sequence more than 4 GB are refused. alpha * n_f = 0.58 * 50 = 28.999999999999996 is 29 tokens of F_y. --fig12
-    adds three settings per case, each named by what it changes."""
+    sequence more than fits in 4 GB are refused. alpha * n_f = 0.58 * 50 = 28.999999999999996 is 29 tokens of F_y.
+    --fig12 adds three settings per case, each named by what it changes."""
     for argv in [["--n", "12"], ["--alpha", "1", "--n-frequent", "9"], ["--n-sens", "4000"],
                  ["--n-train", "1220161"]]:  # 1,220,161 sequences of 20 one-hot tokens of width 44: 2^32 - 576 bytes
         synthetic.parse_args(argv)
