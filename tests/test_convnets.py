@@ -39,9 +39,9 @@ def test_convmixer_and_cnn_parameters_by_hand():
 
 def test_every_forward_pass_is_its_parts():
     """Residual blocks add their shortcut before the last ReLU (a strided 1x1 convolution where the shape changes);
-    a dense layer appends its new channels after its input; ConvMixer adds the residual around the depthwise
-    convolution only; the heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and
-    DenseNet."""
+    a dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds
+    its patches with a GELU before the BatchNorm and adds the residual around the depthwise convolution only; the
+    heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet."""
     torch.manual_seed(0)
     x = torch.randn(2, 64, 8, 8)
 
@@ -63,6 +63,8 @@ def test_every_forward_pass_is_its_parts():
                 assert isinstance(b.shortcut[0], nn.Conv2d) and b.shortcut[0].stride == (2, 2)
             want = F.relu(b.bn2(b.conv2(F.relu(b.bn1(b.conv1(x))))) + b.shortcut(x))
             assert torch.equal(b(x), want) and want.shape == (2, cout, 8 // stride, 8 // stride)
+        wider = BasicBlock(64, 96, 1)  # the channels change at stride 1: a 1x1 projection all the same
+        assert isinstance(wider.shortcut[0], nn.Conv2d) and wider.eval()(x).shape == (2, 96, 8, 8)
         d = randomised(DenseLayer(64, 8))
         assert torch.equal(d(x), torch.cat([x, d.net(x)], dim=1))
 
@@ -74,11 +76,14 @@ def test_every_forward_pass_is_its_parts():
         densenet = randomised(DenseNet121(channels=3, classes=10))
         features = densenet.features(img)
         assert features.shape == (2, 1024, 4, 4)
+        pools = [m for m in densenet.features if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))]
+        assert [type(m) for m in pools] == [nn.AvgPool2d] * 3  # the transitions average, as torchvision's
         assert torch.allclose(densenet(img), densenet.head(features.mean((2, 3))), atol=1e-5)
 
         mixer = randomised(ConvMixer(channels=3, classes=10, dim=16, depth=2, patch=4))
         h = mixer.embed(img)
         assert h.shape == (2, 16, 8, 8)
+        assert torch.equal(h, mixer.embed[2](F.gelu(mixer.embed[0](img))))  # patches, GELU, then BatchNorm
         for spatial, channel in zip(mixer.spatial, mixer.channel):
             assert spatial[0].groups == 16 and spatial[0].kernel_size == (3, 3)  # depthwise
             h = channel(h + spatial(h))
