@@ -1,10 +1,12 @@
-"""What several test files share: stopping a run in the middle of its training; a spy on a function's keyword
-arguments; a synthetic run's final record."""
+"""What several test files share: stopping a run in the middle of its training; the losses its divergence checks
+see; a spy on a function's keyword arguments; a synthetic run's final record."""
 
 import os
 import signal
 
 import torch
+
+import runs
 
 
 def stop_at_backward(monkeypatch, n, how="ctrl-c"):
@@ -21,6 +23,15 @@ def stop_at_backward(monkeypatch, n, how="ctrl-c"):
         return real(self, *a, **k)
 
     monkeypatch.setattr(torch.Tensor, "backward", backward)
+
+
+def divergence_checks(monkeypatch):
+    """The training losses every Results.diverged call is given from now on, in order (a list that fills as runs
+    go)."""
+    losses, real = [], runs.Results.diverged
+    monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: losses.append(loss) or
+                        real(self, run, step, loss, *a))
+    return losses
 
 
 def spy(made, key, make):

@@ -12,7 +12,7 @@ import grokking
 import report
 import runs
 from common import gaussian, sensitivity
-from conftest import spy
+from conftest import divergence_checks, spy
 
 
 def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
@@ -273,10 +273,8 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     training pair each epoch; evaluations every --eval-every epochs and at the last, each checking the training loss
     for divergence and measuring the sensitivity on the training pairs with the run's seed. With --stop-after-grok
     the progress line's time to the end is an upper bound."""
-    checked, early = [], []
-    real_diverged, real_progress = runs.Results.diverged, runs.Results.progress
-    monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: checked.append(loss) or
-                        real_diverged(self, run, step, loss, *a))
+    checked, early = divergence_checks(monkeypatch), []
+    real_progress = runs.Results.progress
     monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: early.append(kw.get("early")) or
                         real_progress(self, *a, **kw))
     argv = ["--p", "7", "--frac-train", "0.5", "--epochs", "3", "--eval-every", "2", "--dim", "16", "--heads", "2",

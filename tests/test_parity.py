@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import parity
 import runs
 from common import flip, sensitivity
+from conftest import divergence_checks
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
@@ -317,10 +318,7 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     --batch-size drawn with replacement from the generator seeded with --seeds, --lr and --weight-decay; evaluations
     every --eval-every steps and at the last step, each checking the training loss for divergence and measuring the
     sensitivity on the first --n-sens training inputs."""
-    checked = []
-    real = runs.Results.diverged
-    monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: checked.append(loss) or
-                        real(self, run, step, loss, *a))
+    checked = divergence_checks(monkeypatch)
     argv = ["--n", "10", "--k", "2", "--steps", "3", "--eval-every", "2", "--n-train", "300", "--n-test", "50",
             "--n-sens", "20", "--dim", "16", "--heads", "2", "--batch-size", "24", "--lr", "3e-3", "--weight-decay",
             "0.2", "--seeds", "5", "--out-dir", str(tmp_path)]

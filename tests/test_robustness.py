@@ -426,13 +426,18 @@ def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
     assert torch.equal(x, vision.normalize(data["train_x"][:6])) and std == 0.3 and reps == 2
 
 
+def small_run(out_dir, *more):
+    """robustness.py's flags for a one-epoch MLP on 40 fake 28x28 images, severity 1, into out_dir, then `more`."""
+    return ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
+            "--n-sens", "4", "--epochs", "1", "--severities", "1", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir",
+            str(out_dir), *more]
+
+
 def test_main_seeds_the_variants_noise_saves_the_summary_and_checks_n_corrupt(tmp_path, monkeypatch):
     """On one process the noise of augment and reg comes from a generator seeded with the run's seed, and the
     variant's loss is the one trained; the summary is in metrics.json on disk; --n-corrupt beyond the test set is an
     error naming the flag."""
-    small = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
-             "--n-sens", "4", "--epochs", "1", "--corruptions", "contrast", "--severities", "1", "--n-sharp", "10",
-             "--sharp-reps", "1", "--out-dir", str(tmp_path)]
+    small = small_run(tmp_path, "--corruptions", "contrast")
     made, used = [], []
     real = R.make_loss
 
@@ -460,10 +465,7 @@ def test_another_ranks_noise_and_the_note_on_a_mean_without_frost(tmp_path, monk
     monkeypatch.setattr(R, "make_loss", lambda variant, args, gen: made.append(gen.initial_seed()) or
                         real(variant, args, gen))
     monkeypatch.setattr(R, "ranks", lambda: (1, 2))  # robustness.py reads its rank for this seed alone
-    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
-            "--n-sens", "4", "--epochs", "1", "--variants", "reg", "--seeds", "2", "--severities", "1", "--n-corrupt",
-            "2", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path)]
-    R.main(R.parse_args(argv))
+    R.main(R.parse_args(small_run(tmp_path, "--variants", "reg", "--seeds", "2", "--n-corrupt", "2")))
     assert made == [2 + 1_000_003]
     assert ("note: mean_corruption_acc is over 14 of the 15 standard corruptions (frost needs --frost-dir)"
             in capsys.readouterr().out)
@@ -478,12 +480,9 @@ def test_a_run_stopped_while_it_is_measured_is_measured_on_resume(tmp_path, monk
     def stop(*a, **kw):
         raise KeyboardInterrupt
 
-    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40", "--n-test", "20",
-            "--n-sens", "4", "--epochs", "1", "--corruptions", "contrast", "--severities", "1", "--n-sharp", "10",
-            "--sharp-reps", "1", "--out-dir", str(tmp_path), "--run-name", "c"]
     monkeypatch.setattr(R, "evaluate_corruptions", stop)
     with pytest.raises(KeyboardInterrupt):
-        R.main(R.parse_args(argv))
+        R.main(R.parse_args(small_run(tmp_path, "--corruptions", "contrast", "--run-name", "c")))
     monkeypatch.undo()
     folder = tmp_path / "robustness" / "c"
     partial = json.loads((folder / "metrics.json").read_text())["runs"]["mlp-vanilla/seed0"]["final"]
