@@ -284,7 +284,8 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
 
 def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     """Textures that encode their own coordinates (red = row, green = column): every crop is an H x W window of one
-    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range."""
+    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range; a grey
+    image gets the luminance of the same crop."""
     h, w = 120, 150
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                                 indexing="ij")
@@ -296,6 +297,8 @@ def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     assert top.min() < 5 and top.max() > h - 32 - 6 and top.max() <= h - 33
     assert left.min() < 5 and left.max() > w - 32 - 6 and left.max() <= w - 33
     assert set(y[:, 2, 0, 0].round().div(10).long().tolist()) == {0, 1, 2, 3, 4}  # the first five textures
+    grey = C.frost(torch.zeros(400, 1, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures)
+    assert torch.allclose(grey, C.grey(y / 255), atol=1e-6)  # grey images: the same crops' luminance
 
 
 def test_frost_textures_are_read_once_per_folder(frost_dir, monkeypatch):
@@ -307,3 +310,101 @@ def test_frost_textures_are_read_once_per_folder(frost_dir, monkeypatch):
         C.corrupt(x[:4], "frost", s, torch.Generator().manual_seed(s), frost_dir)
         C.corrupt(x[4:], "frost", s, torch.Generator().manual_seed(s), frost_dir)
     assert len(opened) == len(C.FROST_FILES)
+
+
+def test_noises_and_colour_steps_have_their_closed_forms():
+    """Impulse noise sets a fraction c/2 of the values to 0 and c/2 to 1; shot noise keeps the mean, with variance
+    x / c (Poisson); brightness lifts black to grey c; saturate gives a grey pixel the saturation b at hue 0 (red);
+    a colour on 1-channel images is its luminance (ITU-R 601)."""
+    x = torch.full((64, 3, 32, 32), 0.5)
+    y = C.impulse_noise(x, 0.1, torch.Generator().manual_seed(0))
+    assert (y == 0).float().mean().item() == pytest.approx(0.05, abs=0.003)
+    assert (y == 1).float().mean().item() == pytest.approx(0.05, abs=0.003)
+    y = C.shot_noise(x, 50, torch.Generator().manual_seed(0))
+    assert y.mean().item() == pytest.approx(0.5, abs=0.002) and y.var().item() == pytest.approx(0.01, rel=0.03)
+    assert torch.equal(C.brightness(torch.zeros(2, 3, 4, 4), 0.2, None), torch.full((2, 3, 4, 4), 0.2))
+    y = C.saturate(torch.full((2, 3, 4, 4), 0.6), (2, 0.1), None)
+    assert torch.allclose(y[:, 0], torch.tensor(0.6)) and torch.allclose(y[:, 1:], torch.tensor(0.54))
+    assert C.colour((175, 238, 238), 1, "cpu").item() == pytest.approx((0.299 * 175 + 0.587 * 238 + 0.114 * 238) / 255)
+    assert C.colour((175, 238, 238), 3, "cpu").view(-1).tolist() == pytest.approx([175 / 255, 238 / 255, 238 / 255])
+
+
+def test_the_pil_corruptions_read_floats_as_the_bytes_they_are():
+    """through_pil rounds to the nearest byte: floats a hair below their byte (another pipeline's rounding) come back
+    from pixelate at factor 1 (the identity) as that byte."""
+    x = smooth_images(4, 3, 32)
+    assert torch.equal(C.pixelate(x.float() / 255 - 1e-4, 1.0, None), x.float() / 255)
+
+
+def test_chamfer_distance_and_canny_thresholds_at_their_edges():
+    """The distance to one edge pixel is 1 per straight step and 1.4 per diagonal one (OpenCV's 5x5 chamfer),
+    truncated at cap; Canny keeps a weak edge pixel only above `low`, not at it: a step whose gradient is exactly low
+    (4 x its height, Sobel's weights 1 + 2 + 1) stops the edge grown from a strong step above it, and a step whose
+    gradient is the release's `high` (150) starts none."""
+    e = torch.zeros(1, 1, 40, 40, dtype=torch.bool)
+    e[0, 0, 0, 0] = True
+    d = C.edge_distance(e, cap=20)[0, 0]
+    assert d[0, :21].tolist() == pytest.approx(list(range(21))) and d[0, 21:].tolist() == [20.0] * 19
+    assert d.diagonal()[:14].tolist() == pytest.approx([1.4 * k for k in range(14)], abs=1e-4)
+    assert d.diagonal()[15:].tolist() == [20.0] * 25 and d.max() == 20
+    v = torch.zeros(1, 1, 32, 32)
+    v[..., :16, 16:], v[..., 16:, 16:] = 100, 10  # a strong step in the upper half, one of gradient 40 below
+    lower = (slice(None), slice(None), slice(18, None), 15)  # below the rows where the steps meet
+    assert not C.canny(v, low=40, high=150)[lower].any() and C.canny(v, low=39, high=150)[lower].all()
+    step = lambda h: torch.zeros(1, 1, 32, 32).index_fill_(3, torch.arange(16, 32), h)  # noqa: E731
+    assert not C.canny(step(37.5)).any() and C.canny(step(37.625))[0, 0, :, 15].all()  # the release's high, 150
+
+
+def test_frost_textures_are_scaled_and_a_bad_file_or_no_folder_is_refused(tmp_path, monkeypatch):
+    """Each texture is read at 0.2 of its size (as the generator's resize); an unreadable texture is a ValueError
+    naming it; without frost_dir= nothing is read from the working folder, even where the textures lie there."""
+    folder = write_frost_textures(tmp_path)
+    assert [tuple(t.shape) for t in C.load_frost(folder)] == [(3, 40, 48)] * 6
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no folder was given"):
+        C.corrupt(smooth_images(2, 3, 32), "frost", 1, torch.Generator(), None)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    write_frost_textures(broken)
+    (broken / "frost3.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="frost3.png is present but not a readable image"):
+        C.load_frost(str(broken))
+
+
+def test_corrupt_and_the_release_checks_refuse_malformed_input(tmp_path, monkeypatch):
+    """check_corruption takes a corruption's name and an int severity (not True, not a list); corrupt takes 4-D
+    uint8 images; check_release refuses labels that are not 1-D integers in 5 severity blocks, and images that are
+    not uint8; read_release refuses images and labels of different lengths or not in 5 blocks, and a fractional n,
+    and returns int64 labels and images of its own (not views of the read-only mapped file)."""
+    for name, severity, message in [("snow", True, "severity must be one of"), (["snow"], 1, "unknown corruption"),
+                                    ("snow", 1.0, "severity must be one of")]:
+        with pytest.raises(ValueError, match=message):
+            C.check_corruption(name, severity)
+    with pytest.raises(ValueError, match="uint8 .B, C, H, W. tensor"):
+        C.corrupt(torch.zeros(3, 32, 32, dtype=torch.uint8), "contrast", 1, None)
+    np.save(tmp_path / "fog.npy", np.zeros((10, 32, 32, 3), dtype=np.uint8))
+    for labels, message in [(np.zeros(12, np.int64), "integer labels in 5 severity blocks"),
+                            (np.zeros((10, 1), np.int64), "of shape \\(10, 1\\)"),
+                            (np.zeros(10, np.float32), "holds float32")]:
+        np.save(tmp_path / "labels.npy", labels)
+        with pytest.raises(ValueError, match=message):
+            C.check_release(str(tmp_path), ["fog"], (3, 32, 32))
+    np.save(tmp_path / "labels.npy", np.zeros(10, np.uint8))
+    C.check_release(str(tmp_path), ["fog"], (3, 32, 32))
+    np.save(tmp_path / "fog.npy", np.zeros((10, 32, 32, 3), dtype=np.int16))
+    with pytest.raises(ValueError, match="holds int16 .* expected uint8"):
+        C.check_release(str(tmp_path), ["fog"], (3, 32, 32))
+    for rows, labels, message in [(20, 15, "for 15 labels"), (22, 22, "expected 5 severity blocks")]:
+        np.save(tmp_path / "fog.npy", np.zeros((rows, 32, 32, 3), dtype=np.uint8))
+        np.save(tmp_path / "labels.npy", np.zeros(labels, np.uint8))
+        with pytest.raises(ValueError, match=message):
+            C.read_release(str(tmp_path), "fog", 1)
+    np.save(tmp_path / "fog.npy", np.zeros((20, 32, 32, 3), dtype=np.uint8))
+    np.save(tmp_path / "labels.npy", np.arange(20, dtype=np.uint8))
+    with pytest.raises(ValueError, match="n must be None"):
+        C.read_release(str(tmp_path), "fog", 1, n=2.0)
+    handed, from_numpy = [], torch.from_numpy
+    monkeypatch.setattr(C.torch, "from_numpy", lambda a: handed.append(a) or from_numpy(a))
+    images, labels = C.read_release(str(tmp_path), "fog", 2)
+    assert labels.dtype == torch.int64 and labels.tolist() == [4, 5, 6, 7] and images.shape == (4, 3, 32, 32)
+    assert all(a.flags.owndata for a in handed) and len(handed) == 2  # copies, not views of the mapped file
