@@ -5,6 +5,7 @@
 #   bash reproduce.sh gpu   [--jobs N] [--only ROW,ROW] [--data DIR] [--out DIR]   # the paper's scale, on one GPU
 #   bash reproduce.sh smoke [--out DIR]                                            # every row on fake data, minutes
 #   bash reproduce.sh --list [--only ROW,ROW]                                      # the rows and their CPU time
+#   bash reproduce.sh cpu|gpu --dry-run [--only ROW,ROW] [--data DIR] [--out DIR]  # print the commands, run none
 #
 # A row runs its processes (one per seed and model group, --jobs at a time, one thread each), then merges them with
 # report.py into out/<script>/<row's name>, once every run it merges is done (a run of another row, still running in
@@ -19,18 +20,19 @@ cd "$(dirname "$0")"
 
 scale=${1:-}
 shift || true
-jobs="" only="" data=data out=out list=""
+jobs="" only="" data=data out=out list="" dry=""
 [ "$scale" = --list ] && { list=1; scale=cpu; }
 while [ $# -gt 0 ]; do
   if [[ $1 =~ ^--(jobs|only|data|out)$ ]] && [ $# -lt 2 ]; then echo "reproduce.sh: $1 needs a value" >&2; exit 2; fi
   case $1 in
     --list) list=1; shift ;;
+    --dry-run) dry=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "reproduce.sh: unknown argument $1 (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only ROW,ROW]" \
-            "[--data DIR] [--out DIR], or --list [--only ROW,ROW])" >&2; exit 2 ;;
+            "[--data DIR] [--out DIR] [--dry-run], or --list [--only ROW,ROW])" >&2; exit 2 ;;
   esac
 done
 case $scale in
@@ -72,24 +74,27 @@ needed="--sens-during needed"
 pids=() dirs=() failed=() row_dirs=()
 
 run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped when done, resumed when stopped
-  local name=$1 script=$2 folder="$out/${2%.py}/$1"
+  local name=$1 script=$2 folder="$out/${2%.py}/$1" how=started
   shift 2
   row_dirs+=("$folder")  # the row's CPU time is its runs' own (done before or now)
   [ -f "$folder/.done" ] && { echo "  $name: done before"; return; }
-  if alive "$name"; then  # left by a reproduce.sh that was killed: it may be writing its folder
+  if [ -z "$dry" ] && alive "$name"; then  # left by a reproduce.sh that was killed: it may be writing its folder
     echo "  $name: still running (pid $(cat "$out/logs/$name.pid")) from an earlier reproduce.sh; waiting for it"
     while alive "$name"; do collect; sleep 1; done  # then resumed below: a no-op if it finished
   fi
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do collect; sleep 1; done
-  collect
+  if [ -z "$dry" ]; then  # a free slot (and the runs that have ended marked done)
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do collect; sleep 1; done
+    collect
+  fi
   if [ -f "$folder/metrics.json" ]; then
     set -- --resume "$folder"
-    echo "  $name: resumed"
+    how=resumed
   else
-    rm -rf "$folder"  # a start that died before its first write: nothing measured, nothing lost
     set -- "$@" --out-dir "$out" --run-name "$name" --save-every "$(save_every "$script")"
-    echo "  $name: started"
   fi
+  [ -n "$dry" ] && { echo "  $name: would be $how: \$ $(printf '%q ' "$python" "$script" "$@")"; return; }
+  [ $how = resumed ] || rm -rf "$folder"  # a start that died before its first write: nothing measured, nothing lost
+  echo "  $name: $how"
   "$python" "$script" "$@" > "$out/logs/$name.log" 2>&1 &
   echo $! > "$out/logs/$name.pid"
   pids+=($!) dirs+=("$folder")
@@ -134,6 +139,8 @@ reap() {  # wait for every run of the row to end
 merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged folder, made anew from its runs
   local name=$1 script=$2 f missing=()
   shift 2
+  local merging=("$python" report.py "$@" --out-dir "$out" --run-name "$name")
+  [ -n "$dry" ] && { echo "  merge $name: \$ $(printf '%q ' "${merging[@]}")"; return; }
   reap
   rm -rf "${out:?}/$script/$name"  # derived from the runs alone: recomputed every time
   for f in "$@"; do [[ $f == --* ]] && break; [ -f "$f/.done" ] || missing+=("$(basename "$f")"); done
@@ -143,7 +150,7 @@ merge() {  # merge NAME SCRIPT FOLDER... [--vary FLAG...]: the row's merged fold
     failed+=("merge-$name")
     return
   fi
-  "$python" report.py "$@" --out-dir "$out" --run-name "$name" > "$out/logs/merge-$name.log" 2>&1 \
+  "${merging[@]}" > "$out/logs/merge-$name.log" 2>&1 \
     || { echo "  merge $name: FAILED, see $out/logs/merge-$name.log"; failed+=("merge-$name"); }
 }
 
@@ -291,7 +298,7 @@ do_imagenet() {  # torchvision's weights: downloaded on the first run (offline: 
   case $scale in
     cpu) echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return ;;
     smoke)  # four random pictures in two classes, and the two architectures with random weights
-      "$python" -c 'import os, sys, numpy as np; from PIL import Image
+      [ -n "$dry" ] || "$python" -c 'import os, sys, numpy as np; from PIL import Image
 rng = np.random.default_rng(0)
 for i in range(4):
     os.makedirs(f"{sys.argv[1]}/class{i % 2}", exist_ok=True)
@@ -392,10 +399,10 @@ if [ -n "$list" ]; then  # with --only: those rows alone, and their total
   exit 0
 fi
 
-"$python" -c "import torch" 2> /dev/null || {
+[ -n "$dry" ] || "$python" -c "import torch" 2> /dev/null || {
   echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
     "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
-mkdir -p "$out/logs"
+[ -n "$dry" ] || mkdir -p "$out/logs"
 declare -A counted=()  # run folders whose minutes a row has counted: a run two rows share counts for the first
 cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evaluations, final measurements; every
   # invocation). It sets a variable rather than printing: in a $(...) subshell `counted` would forget what it counted
@@ -408,7 +415,11 @@ cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evalua
   cpu=$("$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p')
 }
 
-echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
+if [ -n "$dry" ]; then
+  echo "reproduce.sh $scale --dry-run: the commands it would run (nothing is run or written), data $data, results $out"
+else
+  echo "reproduce.sh $scale: $jobs processes at a time, data $data, results $out ($(date '+%F %T'))"
+fi
 start=$(date +%s) cpu_total=0
 for r in "${ROWS[@]}"; do
   IFS='|' read -r id minutes title <<< "$r"
@@ -416,11 +427,13 @@ for r in "${ROWS[@]}"; do
   t0=$(date +%s) row_dirs=()
   echo "[$id] $title | start $(date '+%T')"
   "do_$id"
+  [ -n "$dry" ] && continue
   reap
   cpu_minutes
   cpu_total=$(awk -v a="$cpu_total" -v b="${cpu:-0}" 'BEGIN { print a + b }')
   echo "[$id] end $(date '+%T') | wall $(( $(date +%s) - t0 )) s | CPU ${cpu:-?} min (its runs' own timers)"
 done
+[ -n "$dry" ] && { echo "then: \$ $(printf '%q ' "$python" report.py --claims "$out")"; exit 0; }
 echo "all rows: wall $(( $(date +%s) - start )) s | CPU $cpu_total min"
 "$python" report.py --claims "$out" || failed+=("claims")
 [ ${#failed[@]} -eq 0 ] || { echo "reproduce.sh: failed: ${failed[*]} (their logs are in $out/logs)" >&2; exit 1; }

@@ -185,6 +185,63 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     assert "[mrpc] language/mrpc-paper-3seeds: not run" in out and "[imagenet] imagenet/pretrained: not run" in out
 
 
+def dry_run(scale, data, out):
+    """`bash reproduce.sh SCALE --dry-run`: its text, and its runs and merges in order as (kind, name, argv)."""
+    code, text = finish(scale, "--dry-run", "--data", str(data), "--out", str(out))
+    assert code == 0, text
+    steps = []
+    for line in text.splitlines():
+        if m := re.match(r"  (merge )?([\w.-]+): (?:would be started: )?\$ (.*)$", line):
+            steps.append(("merge" if m[1] else "run", m[2], shlex.split(m[3])[1:]))
+    return text, steps
+
+
+@pytest.mark.parametrize("scale", ["cpu", "gpu"])
+def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
+    """--dry-run at the cpu and gpu scales, with every dataset's files in place, runs and writes nothing, and prints
+    every run's command and every merge: each command passes its script's own flag checks (what a typo or a renamed
+    flag would fail only hours into a reproduction, as the smoke scale replaces most flags), a run shared by two rows
+    is the same command in both, each merge merges runs printed before it and varies only flags those runs have, and
+    the gpu scale trains the authors' ViT on all of Fashion-MNIST and MNIST 0 vs 1 on every 0 and 1."""
+    import importlib
+
+    data = tmp_path / "data"
+    for folder in ["FashionMNIST", "MNIST", "cifar-10-batches-py", "imagenet/train/n01440764", "glue/MRPC",
+                   "glue/QQP", "frost"]:
+        (data / folder).mkdir(parents=True)
+    for file in ["glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/train.tsv", "glue/QQP/train.tsv",
+                 "train_32x32.mat"]:
+        (data / file).write_text("")
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from test_corruptions import write_frost_textures
+
+    write_frost_textures(data / "frost")
+    out = tmp_path / "out"
+    text, steps = dry_run(scale, data, out)
+    assert not out.exists() and "skipped: needs" not in text
+    assert [line.split("]")[0][1:] for line in text.splitlines() if line.startswith("[")] == ROWS
+    assert (text.count("skipped: the paper's scale") == 3) == (scale == "cpu")
+    runs, parsed = {}, {}
+    for kind, name, argv in steps:
+        script = argv[0][:-3] if kind == "run" else "report"
+        if kind == "run":
+            assert runs.setdefault(name, argv) == argv, f"{name} is run with two commands"
+            try:
+                parsed[f"{out}/{script}/{name}"] = importlib.import_module(script).parse_args(argv[1:])
+            except SystemExit:
+                pytest.fail(f"{script}.py refused the flags of {name}: {shlex.join(argv)}")
+        else:
+            folders = argv[1:argv.index("--vary")] if "--vary" in argv else argv[1:argv.index("--out-dir")]
+            assert folders and all(f in parsed for f in folders), (name, [f for f in folders if f not in parsed])
+            vary = argv[argv.index("--vary") + 1:argv.index("--out-dir")] if "--vary" in argv else []
+            assert all(hasattr(parsed[f], v.replace("-", "_")) for v in vary for f in folders), (name, vary)
+    assert len(runs) > 60 and sum(kind == "merge" for kind, _, _ in steps) > 15
+    if scale == "gpu":
+        vit = [parsed[f"{out}/vision/fmnist-3k-seed{s}"] for s in (0, 1, 2)]
+        assert all((a.n_train, a.depth, a.heads, a.dim_head) == (60000, 8, 32, 64) for a in vit)
+        assert all(parsed[f"{out}/vision/mnist01-seed{s}"].n_train == 12665 for s in (0, 1, 2))
+
+
 def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench nor ROW:JOBS is refused in one
     line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less would run them
