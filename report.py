@@ -504,7 +504,8 @@ CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "syntheti
           ("parity", "parity/settings-3seeds", parity_summary),
           ("grokking", "grokking/grokking-3seeds", grokking_claim),
           ("mrpc", "language/mrpc-paper-3seeds", summary), ("mrpcglue", "language/mrpc-4models-3seeds", summary),
-          ("qqp", "language/qqp-3seeds", summary), ("robustness", "robustness/fmnist-rob", robustness_claim)]
+          ("qqp", "language/qqp-3seeds", summary), ("robustness", "robustness/fmnist-rob", robustness_claim),
+          ("robustness", "robustness/fig9", robustness_claim)]
 
 
 def claims(out_dir):

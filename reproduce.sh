@@ -366,7 +366,7 @@ do_qqp() {
   merge qqp-3seeds language $(per_seed "$out"/language/qqp-seed%)
 }
 
-row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds)"
+row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds; gpu: Fig. 9 too)"
 do_robustness() {
   local frost="" c
   [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost, so no frost corruption"
@@ -378,6 +378,19 @@ do_robustness() {
   done
   merge fmnist-rob robustness $(per_seed "$out"/robustness/rob-seed%-va "$out"/robustness/rob-seed%-reg) \
     --vary variants lr epochs
+  # Fig. 9 at the paper's scale: its six models (ResNet-18, DenseNet-121, ViT-small, ViT-simple, ViT-small with noise
+  # augmentation and with the regulariser) on CIFAR-10, CIFAR-10-C read from the release where present, else generated
+  [ "$scale" = cpu ] && { echo "  Fig. 9 skipped: the paper's scale, bash reproduce.sh gpu"; return; }
+  c="--dataset cifar10 --data-dir $data $needed $frost"
+  if [ "$scale" = gpu ]; then
+    need cifar-10-batches-py "CIFAR-10 (torchvision's files), for Fig. 9" || return 0
+    [ -d "$data/CIFAR-10-C" ] && c="$c --cifar10c-dir $data/CIFAR-10-C" \
+      || echo "  note: no $data/CIFAR-10-C (https://zenodo.org/record/2535967), so Fig. 9's corruptions are generated"
+  fi
+  # (smoke: the two CNNs take most of a row's seconds, so one corruption and the fewest measurements)
+  [ "$scale" = smoke ] && c="$R --corruptions contrast --steps 2 --sens-positions 2 --n-sharp 4 --sharp-reps 1"
+  for s in $seeds; do run fig9-seed$s robustness.py --paper-fig9 $c --seeds $s; done
+  merge fig9 robustness $(per_seed "$out"/robustness/fig9-seed%)
 }
 
 # -----------------------------------------------------------------------------

@@ -202,8 +202,13 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     every run's command and every merge: each command passes its script's own flag checks (what a typo or a renamed
     flag would fail only hours into a reproduction, as the smoke scale replaces most flags), a run shared by two rows
     is the same command in both, each merge merges runs printed before it and varies only flags those runs have, and
-    the gpu scale trains the authors' ViT on all of Fashion-MNIST and MNIST 0 vs 1 on every 0 and 1."""
+    the gpu scale trains the authors' ViT on all of Fashion-MNIST, MNIST 0 vs 1 on every 0 and 1, and Fig. 9's six
+    models on CIFAR-10 against the CIFAR-10-C release."""
     import importlib
+
+    import numpy as np
+
+    import corruptions as C
 
     data = tmp_path / "data"
     for folder in ["FashionMNIST", "MNIST", "cifar-10-batches-py", "imagenet/train/n01440764", "glue/MRPC",
@@ -216,11 +221,15 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     from test_corruptions import write_frost_textures
 
     write_frost_textures(data / "frost")
+    (data / "CIFAR-10-C").mkdir()  # a release of 5 images per file, for Fig. 9 (checked as the flags are parsed)
+    np.save(data / "CIFAR-10-C" / "labels.npy", np.arange(5))
+    for name in C.STANDARD + C.EXTRA:
+        np.save(data / "CIFAR-10-C" / f"{name}.npy", np.zeros((5, 32, 32, 3), np.uint8))
     out = tmp_path / "out"
     text, steps = dry_run(scale, data, out)
     assert not out.exists() and "skipped: needs" not in text
     assert [line.split("]")[0][1:] for line in text.splitlines() if line.startswith("[")] == ROWS
-    assert (text.count("skipped: the paper's scale") == 3) == (scale == "cpu")
+    assert text.count("skipped: the paper's scale") == (4 if scale == "cpu" else 0)  # fig4, imagenet, qqp, Fig. 9
     runs, parsed = {}, {}
     for kind, name, argv in steps:
         script = argv[0][:-3] if kind == "run" else "report"
@@ -240,6 +249,8 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
         vit = [parsed[f"{out}/vision/fmnist-3k-seed{s}"] for s in (0, 1, 2)]
         assert all((a.n_train, a.depth, a.heads, a.dim_head) == (60000, 8, 32, 64) for a in vit)
         assert all(parsed[f"{out}/vision/mnist01-seed{s}"].n_train == 12665 for s in (0, 1, 2))
+        fig9 = [parsed[f"{out}/robustness/fig9-seed{s}"] for s in (0, 1, 2)]
+        assert all(a.paper_fig9 and a.dataset == "cifar10" and a.cifar10c_dir == str(data / "CIFAR-10-C") for a in fig9)
 
 
 def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
