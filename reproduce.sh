@@ -366,7 +366,7 @@ do_qqp() {
   merge qqp-3seeds language $(per_seed "$out"/language/qqp-seed%)
 }
 
-row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy and sharpness (3 seeds; gpu: Fig. 9 too)"
+row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy, sharpness (3 seeds; gpu: Fig. 9 too)"
 do_robustness() {
   local frost="" c
   [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost, so no frost corruption"
