@@ -202,8 +202,9 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     every run's command and every merge: each command passes its script's own flag checks (what a typo or a renamed
     flag would fail only hours into a reproduction, as the smoke scale replaces most flags), a run shared by two rows
     is the same command in both, each merge merges runs printed before it and varies only flags those runs have, and
-    the gpu scale trains the authors' ViT on all of Fashion-MNIST, MNIST 0 vs 1 on every 0 and 1, and Fig. 9's six
-    models on CIFAR-10 against the CIFAR-10-C release."""
+    the gpu scale trains the authors' ViT and the converged and mechanism rows' models on all of Fashion-MNIST, MNIST 0
+    vs 1 on every 0 and 1, and Fig. 9's six models on CIFAR-10 against the CIFAR-10-C release, and reads ImageNet's
+    training images."""
     import importlib
 
     import numpy as np
@@ -249,6 +250,9 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
         vit = [parsed[f"{out}/vision/fmnist-3k-seed{s}"] for s in (0, 1, 2)]
         assert all((a.n_train, a.depth, a.heads, a.dim_head) == (60000, 8, 32, 64) for a in vit)
         assert all(parsed[f"{out}/vision/mnist01-seed{s}"].n_train == 12665 for s in (0, 1, 2))
+        full = [a for f, a in parsed.items() if os.path.basename(f).startswith(("fmnist-3k", "conv-", "abl-", "sgd-"))]
+        assert len(full) == 32 and all(a.n_train == 60000 for a in full)  # vision3k, converged and mechanism
+        assert parsed[f"{out}/imagenet/pretrained"].imagenet_dir == str(data / "imagenet" / "train")
         fig9 = [parsed[f"{out}/robustness/fig9-seed{s}"] for s in (0, 1, 2)]
         assert all(a.paper_fig9 and a.dataset == "cifar10" and a.cifar10c_dir == str(data / "CIFAR-10-C") for a in fig9)
 
