@@ -218,8 +218,7 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     for file in ["glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/train.tsv", "glue/QQP/train.tsv",
                  "train_32x32.mat"]:
         (data / file).write_text("")
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_corruptions import write_frost_textures
+    from test_corruptions import write_frost_textures  # (pytest puts tests/ on the path)
 
     write_frost_textures(data / "frost")
     (data / "CIFAR-10-C").mkdir()  # a release of 5 images per file, for Fig. 9 (checked as the flags are parsed)
