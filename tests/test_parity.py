@@ -335,7 +335,7 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     rows = []
     for _ in range(4):
         rows.append({**parity.evaluate(model, {"train": (x, y), "test": test}),
-                       **parity.measure_sensitivity(model, x[:20], mask, 10)})  # on the first --n-sens inputs
+                     **parity.measure_sensitivity(model, x[:20], mask, 10)})  # on the first --n-sens inputs
         model.train()
         b = torch.randint(300, (24,), generator=gen)
         loss = F.cross_entropy(model(x[b]), y[b])

@@ -1,7 +1,9 @@
 """reproduce.sh: every claims-table row at the smoke scale (fake data, seconds per run), with its merges and the
-claims report.py prints from them; --list and --only; a row whose data is missing is skipped with one line; and a
-rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
+claims report.py prints from them; --list and --only; --dry-run's commands at the cpu and gpu scales, which every
+script accepts; a row whose data is missing is skipped with one line; and a rerun after Ctrl-C, SIGTERM or kill -9
+ends with the numbers of an uninterrupted run."""
 
+import importlib
 import os
 import re
 import shlex
@@ -12,7 +14,11 @@ import sys
 import tarfile
 import time
 
+import numpy as np
 import pytest
+from test_corruptions import write_frost_textures
+
+import corruptions as C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
@@ -205,12 +211,6 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     the gpu scale trains the authors' ViT and the converged and mechanism rows' models on all of Fashion-MNIST, MNIST 0
     vs 1 on every 0 and 1, and Fig. 9's six models on CIFAR-10 against the CIFAR-10-C release, and reads ImageNet's
     training images."""
-    import importlib
-
-    import numpy as np
-
-    import corruptions as C
-
     data = tmp_path / "data"
     for folder in ["FashionMNIST", "MNIST", "cifar-10-batches-py", "imagenet/train/n01440764", "glue/MRPC",
                    "glue/QQP", "frost"]:
@@ -218,8 +218,6 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     for file in ["glue/MRPC/msr_paraphrase_train.txt", "glue/MRPC/train.tsv", "glue/QQP/train.tsv",
                  "train_32x32.mat"]:
         (data / file).write_text("")
-    from test_corruptions import write_frost_textures  # (pytest puts tests/ on the path)
-
     write_frost_textures(data / "frost")
     (data / "CIFAR-10-C").mkdir()  # a release of 5 images per file, for Fig. 9 (checked as the flags are parsed)
     np.save(data / "CIFAR-10-C" / "labels.npy", np.arange(5))
