@@ -103,8 +103,8 @@ def test_a_rerun_after_an_interruption_ends_with_the_same_numbers(smoke, tmp_pat
     """reproduce.sh stopped in the middle of a row, by SIGTERM (what Ctrl-C does to it too) or by kill -9 of it and
     all its runs (a crash, a reboot), then run again with the same command: it resumes what was stopped and prints
     the claims of the uninterrupted smoke run for those rows."""
-    rows = "converged,parity"
-    p = reproduce("smoke", "--only", rows, "--out", str(tmp_path), start_new_session=True)
+    rows = "vitsize,grokking"  # three vision runs, two at a time (the third not started when stopped), then grokking
+    p = reproduce("smoke", "--only", rows, "--jobs", "2", "--out", str(tmp_path), start_new_session=True)
     deadline = time.time() + 120
     while not list((tmp_path / "vision").glob("*/checkpoint.pt")) and time.time() < deadline:
         time.sleep(0.2)  # stop it once a run has written a checkpoint: in the middle of its training
@@ -112,15 +112,19 @@ def test_a_rerun_after_an_interruption_ends_with_the_same_numbers(smoke, tmp_pat
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 130 and "run the same command again to go on" in out, out
+        logs = [f.read_text() for f in (tmp_path / "logs").glob("*.log")]  # the runs in flight stopped, not left to end
+        assert any("terminated (SIGTERM)" in log for log in logs), logs
     else:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate(timeout=60)
-    assert not (tmp_path / "vision" / "conv-vit-seed1" / ".done").exists()  # stopped before the row ended
+    assert not (tmp_path / "vision" / "mlp" / ".done").exists()  # stopped before the row ended
     code, out = finish("smoke", "--only", rows, "--out", str(tmp_path))
     assert code == 0 and "resumed" in out, out[-3000:]
     again = claims(out, tmp_path)
     whole = claims(smoke[2], smoke[0])
-    for header in [h for h in again if h.startswith(("[converged]", "[parity]"))]:
+    headers = [h for h in again if h.startswith(("[vitsize]", "[grokking]"))]
+    assert len(headers) == 4, list(again)  # vitsize's three merges and grokking's
+    for header in headers:
         assert same_numbers("\n".join(again[header]), "\n".join(whole[header])), (header, again[header])
 
 
