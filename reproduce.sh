@@ -425,7 +425,8 @@ cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evalua
     [ -f "$f/metrics.json" ] && [ -z "${counted[$f]:-}" ] && folders+=("$f") && counted[$f]=1
   done
   [ ${#folders[@]} -gt 0 ] || return 0
-  cpu=$("$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p')
+  cpu=$("$python" report.py --times "${folders[@]}" 2> /dev/null | tail -1 | sed -n 's/.*| total \([0-9.]*\) min$/\1/p') \
+    || cpu="?"  # a folder it cannot read: the row's line says "CPU ? min", and the reproduction goes on
 }
 
 if [ -n "$dry" ]; then
