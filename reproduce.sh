@@ -119,9 +119,10 @@ collect() {  # the runs that have ended, at once: a run that exits 0 is marked d
     [[ $running == *" ${pids[$i]} "* ]] && continue
     code=0
     wait "${pids[$i]}" || code=$?
-    if [ $code -eq 0 ]; then
+    if [ $code -eq 0 ] && [ -d "${dirs[$i]}" ]; then
       touch "${dirs[$i]}/.done"
     else
+      [ $code -ne 0 ] || code="0, but it left no run folder"  # touch would fail, and set -e end everything
       echo "  $(basename "${dirs[$i]}"): FAILED (exit $code), see $out/logs/$(basename "${dirs[$i]}").log"
       failed+=("$(basename "${dirs[$i]}")")
     fi

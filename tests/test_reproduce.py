@@ -167,15 +167,17 @@ def test_a_run_is_marked_done_when_it_ends_not_when_its_row_does(tmp_path):
 @pytest.mark.slow
 def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp_path):
     """A run that exits non-zero (here seed 1's, after it wrote its numbers) is reported FAILED, is not marked done,
-    and its row's merge is not made; a failed claims step is reported too, and reproduce.sh exits 1 (a failed count
-    of the row's CPU minutes is a "?", and the reproduction goes on). Run again, the finished run is skipped ("done
-    before") and the failed one resumed, and the merge is made. With --jobs 1 no two runs are ever alive at once."""
+    and its row's merge is not made; so is one that exits 0 without making its folder (synthetic's, here); a failed
+    claims step is reported too, and reproduce.sh exits 1 (a failed count of the row's CPU minutes is a "?", and the
+    reproduction goes on). Run again, the finished run is skipped ("done before"), the failed ones resumed or started,
+    and the merge is made. With --jobs 1 no two runs are ever alive at once."""
     state = tmp_path / "state"
     (state / "alive").mkdir(parents=True)
     (state / "fail").touch()
-    python = tmp_path / "python"  # counts the processes alive at each start; fails seed 1, --times and the claims
+    python = tmp_path / "python"  # counts the processes alive at each start; fails runs, --times and the claims
     python.write_text("\n".join([
         "#!/bin/bash",
+        f'[ -f {state}/fail ] && case "$*" in *"--run-name cases"*) exit 0 ;; esac',  # as if it did nothing
         f"ls {state}/alive | wc -l >> {state}/counts",
         f"touch {state}/alive/$$",
         f'{shlex.quote(sys.executable)} "$@"',
@@ -185,16 +187,17 @@ def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp
         ' *--claims*) exit 5 ;; esac',
         "exit $code", ""]))
     python.chmod(0o755)
-    args = ["bash", os.path.join(ROOT, "reproduce.sh"), "smoke", "--only", "mnist01", "--jobs", "1", "--out",
+    args = ["bash", os.path.join(ROOT, "reproduce.sh"), "smoke", "--only", "synthetic,mnist01", "--jobs", "1", "--out",
             str(tmp_path / "out")]
     env = dict(os.environ, PYTHON=str(python))
     p = subprocess.run(args, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     folder = tmp_path / "out" / "vision"
     assert p.returncode == 1 and "  mnist01-seed1: FAILED (exit 3), see " in p.stdout, p.stdout + p.stderr
+    assert "  cases: FAILED (exit 0, but it left no run folder), see " in p.stdout
     assert "merge mnist01: not made, since these of its runs are not done: mnist01-seed1" in p.stdout
     assert re.search(r"^\[mnist01\] end .* \| CPU \? min", p.stdout, re.M), p.stdout  # report.py --times failed too
-    assert p.stderr.strip().endswith("reproduce.sh: failed: mnist01-seed1 merge-mnist01 claims (their logs are in "
-                                     f"{tmp_path / 'out'}/logs)"), p.stderr
+    assert p.stderr.strip().endswith("reproduce.sh: failed: cases mnist01-seed1 merge-mnist01 claims (their logs "
+                                     f"are in {tmp_path / 'out'}/logs)"), p.stderr
     assert (folder / "mnist01-seed0" / ".done").exists() and not (folder / "mnist01-seed1" / ".done").exists()
     assert not (folder / "mnist01").exists()
     assert {int(n) for n in (state / "counts").read_text().split()} == {0}  # one process at a time, each alone
@@ -202,6 +205,7 @@ def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp
     p = subprocess.run(args, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "  mnist01-seed0: done before" in p.stdout and "  mnist01-seed1: resumed" in p.stdout, p.stdout
+    assert "  cases: started" in p.stdout and (tmp_path / "out" / "synthetic" / "cases" / ".done").exists()
     assert (folder / "mnist01-seed1" / ".done").exists() and (folder / "mnist01" / "metrics.json").exists()
 
 
