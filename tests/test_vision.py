@@ -700,20 +700,21 @@ def test_the_final_model_is_measured_at_every_sweep_sigma_with_the_runs_flags(tm
 
 def test_flat_patches_flag_adds_the_two_measurements_to_the_final_numbers(tmp_path):
     """--flat-patches S measures the final model on flat and object patches at the first sigma, with the run's noise
-    seed: keys flat:<sigma> and object:<sigma> in sens_at and per_image, equal to measure_sensitivity's."""
+    seed and --reps: keys flat:<sigma> and object:<sigma> in sens_at and per_image, equal to measure_sensitivity's."""
     data = separable_task()
     data["train_x"][:, :, :8] = 0  # a flat band of background on every image
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "1",
-                              "--batch-size", "50", "--n-sens", "6", "--sigma", "3", "1", "--flat-patches", "0.01",
-                              "--sens-seed", "7"])
+                              "--batch-size", "50", "--n-sens", "6", "--sigma", "30", "1", "--flat-patches", "0.01",
+                              "--sens-seed", "7", "--reps", "2"])
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
     model = vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
     final = results.data["runs"]["mlp/seed0"]["final"]
-    assert list(final["sens_at"]) == ["patch:1", "patch:3", "flat:3", "object:3"]
-    again = vision.measure_sensitivity(model, vision.normalize(data["train_x"][:6]), patch=4, sigmas=[3],
-                                       masks=["flat"], seed=7, flat=0.01)
-    assert final["per_image"]["flat:3"] == [round(v, 6) for v in again["flat", 3].per_input.tolist()]
-    assert final["per_image"]["object:3"] == [round(v, 6) for v in again["object", 3].per_input.tolist()]
+    assert list(final["sens_at"]) == ["patch:1", "patch:30", "flat:30", "object:30"]
+    again = vision.measure_sensitivity(model, vision.normalize(data["train_x"][:6]), patch=4, sigmas=[30],
+                                       masks=["flat"], seed=7, reps=2, flat=0.01)
+    assert final["per_image"]["flat:30"] == [round(v, 6) for v in again["flat", 30].per_input.tolist()]
+    assert final["per_image"]["object:30"] == [round(v, 6) for v in again["object", 30].per_input.tolist()]
+    assert any(again["flat", 30].per_input > 0) and any(again["object", 30].per_input > 0)  # not all zero
 
 
 LAZY = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "8", "--eval-every", "1",
