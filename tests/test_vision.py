@@ -283,8 +283,8 @@ class ReadsTheBackground(nn.Module):
 
 def test_flat_and_object_patches_are_measured_apart():
     """Images whose upper two patches are flat and lower two are not, and a model that flips whenever noise lands
-    on the upper half: sensitivity 1 on the flat patches, 0 on the object patches, 0.5 with the patch mask; an image
-    with no flat patch, or with no other, is left out of both."""
+    on the upper half: sensitivity 1 on the flat patches, 0 on the object patches, 0.5 with the patch mask, with
+    `reps` draws per patch; an image with no flat patch, or with no other, is left out of both."""
     images = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     images[:8, :, :4] = -1.0  # the background of 8 images; the ninth has none
     images[9] = -1.0  # and the tenth is background alone
@@ -292,6 +292,10 @@ def test_flat_and_object_patches_are_measured_apart():
                                       seed=0, flat=0.01)
     assert sens["flat", 0.1].mean == 1 and sens["object", 0.1].mean == 0 and len(sens["flat", 0.1].per_input) == 8
     assert sens["patch", 0.1].per_input[:8].tolist() == [0.5] * 8
+    thrice = vision.measure_sensitivity(ReadsTheBackground(), images, patch=4, sigmas=[0.1], masks=["flat"], seed=0,
+                                        reps=3, flat=0.01)  # reps draws of noise per patch, as the patch mask's
+    assert [thrice[k, 0.1].evaluations for k in ["flat", "object"]] == [3 * sens[k, 0.1].evaluations
+                                                                         for k in ["flat", "object"]]
     none = vision.measure_sensitivity(ReadsTheBackground(), images[8:], patch=4, sigmas=[0.1], masks=["flat"], seed=0,
                                       flat=0.01)
     assert none == {}  # no image with both kinds of patch: nothing to measure, no error
@@ -643,6 +647,29 @@ def test_training_loop_learns_a_separable_task(tmp_path):
     assert first["train_acc"] < 0.7 and last["train_acc"] == 1.0 and last["train_loss"] < first["train_loss"] / 4
 
 
+def test_each_epoch_trains_on_a_new_order_from_the_runs_own_generator(tmp_path):
+    """Epoch e's batches are --batch-size images at a time in the order of the e-th torch.randperm of a generator
+    seeded with the run's seed (not torch's global generator, which the model's initialisation moved), the last batch
+    of an epoch the smaller one."""
+    data = separable_task()
+    args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "2",
+                              "--batch-size", "64", "--n-sens", "2", "--eval-every", "2"])
+    seen = []
+
+    def loss_fn(model, images, labels):  # the objective, which sees every batch
+        seen.append(images.clone())
+        return vision.cross_entropy(model, images, labels)
+
+    results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    vision.train(name="mlp", seed=3, args=args, data=data, results=results, device=torch.device("cpu"),
+                 loss_fn=loss_fn)
+    gen = torch.Generator().manual_seed(3)
+    orders = [torch.randperm(200, generator=gen) for _ in range(2)]
+    expected = [vision.normalize(data["train_x"][order[i:i + 64]]) for order in orders for i in range(0, 200, 64)]
+    assert [len(b) for b in seen] == [64, 64, 64, 8] * 2
+    assert all(torch.equal(a, b) for a, b in zip(seen, expected))
+
+
 @pytest.mark.slow
 def test_the_schedule_sets_every_training_step(tmp_path, monkeypatch):
     """--schedule cosine in a real run: step i of 3 per epoch over 2 epochs runs at lr 0.1 * (1 + cos(pi e / 2)) / 2,
@@ -681,21 +708,22 @@ def test_training_stops_at_its_end_point(tmp_path):
 
 def test_the_final_model_is_measured_at_every_sweep_sigma_with_the_runs_flags(tmp_path):
     """--sweep measures the final model at every sigma of SWEEP besides --sigma, under every --mask; what a run
-    reports equals measure_sensitivity of its final model with the run's --reps, --sens-seed and patch grid."""
+    reports equals measure_sensitivity of its final model with the run's --reps, --sens-seed, --sens-positions and
+    patch grid."""
     data = separable_task()
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "1",
                               "--batch-size", "50", "--n-sens", "6", "--sigma", "30", "--sweep", "--reps", "2",
-                              "--sens-seed", "7", "--mask", "patch", "global"])
+                              "--sens-seed", "7", "--mask", "patch", "global", "--sens-positions", "20"])
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
     model = vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
     final = results.data["runs"]["mlp/seed0"]["final"]
     assert set(final["sens_at"]) == {f"{m}:{s:g}" for m in ["patch", "global"] for s in vision.SWEEP}
     again = vision.measure_sensitivity(model, vision.normalize(data["train_x"][:6]), patch=4, sigmas=[30, 100],
-                                       masks=["patch"], seed=7, reps=2)
+                                       masks=["patch"], seed=7, reps=2, positions=20)
     for sigma in [30, 100]:  # 30: measured at the last evaluation and reused; 100: measured after training
         assert final["per_image"][f"patch:{sigma:g}"] == [round(v, 6) for v in again["patch", sigma].per_input.tolist()]
         assert any(again["patch", sigma].per_input > 0)  # not vacuous: the noise flips some predictions
-    assert again["patch", 30].evaluations == 6 * 49 * 2
+    assert again["patch", 30].evaluations == 6 * 20 * 2  # 20 of the 49 patches per image, twice each
 
 
 def test_flat_patches_flag_adds_the_two_measurements_to_the_final_numbers(tmp_path):
