@@ -95,6 +95,21 @@ def test_strict_json_and_no_replace(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m.json", "new.json"] and json.loads((tmp_path / "new.json").read_text())
 
 
+def test_the_temp_file_is_written_beside_the_file_it_replaces(tmp_path, monkeypatch):
+    """write_json renames a temp file in the target's own folder: a rename within one file system, never one from
+    /tmp, which fails (EXDEV) where out/ is on another disk. A write that fails halfway leaves the old file whole."""
+    renamed = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append((src, dst)) or real(src, dst))
+    path = tmp_path / "run" / "metrics.json"
+    write_json(str(path), {"x": 1})
+    (src, dst), = renamed
+    assert os.path.dirname(src) == str(tmp_path / "run") and dst == str(path)
+    with pytest.raises(TypeError):
+        write_json(str(path), {"x": object()})  # not JSON: fails while writing the temp file
+    assert json.loads(path.read_text()) == {"x": 1} and os.listdir(tmp_path / "run") == ["metrics.json"]
+
+
 def test_given_names_a_flag_typed_with_or_without_its_value():
     assert given(["--lr", "0.1"], "--lr") and given(["--model", "vit", "--lr=0.1"], "--epochs", "--lr")
     assert not given(["--lr-warmup", "3", "0.1"], "--lr") and not given([], "--lr")
