@@ -826,6 +826,25 @@ def test_shifted_patch_tokens_are_the_image_and_its_four_shifts(shift, moves):
     assert torch.equal(spt(img), patchify(stacked, 4))
 
 
+def test_spt_shift_flag_reaches_the_vit():
+    """--spt-shift half gives vision.py's ViT the half-patch diagonal shifts; the default, the authors' one pixel."""
+    for flags, s in [([], 1), (["--spt-shift", "half"], 2)]:
+        args = vision.parse_args(["--dataset", "fake28", "--patch-size", "4", *flags])
+        model = vision.build_model("vit", args, 1, 28, 10)
+        assert model.tokens.shifts[0] == ((s, -s, s, -s) if flags else (s, -s, 0, 0))
+
+
+def test_vit_attention_drops_its_attention_weights_in_training():
+    """ViT-small's attention applies --dropout to its attention weights while training, besides its output (as the
+    authors' vit_small.py does); evaluating, to neither."""
+    att = vision.Attention(16, 2, 8, dropout=0.5)
+    att.out[1].p = 0.0  # the output's dropout off: what is left to draw is the attention weights'
+    x = torch.randn(2, 5, 16)
+    assert not torch.equal(att(x), att(x))  # a new draw each call
+    att.eval()
+    assert torch.equal(att(x), att(x))
+
+
 def test_sincos_positions_are_their_formula():
     """sincos_2d(h, w, dim): the patch in row i and column j gets [sin(j w_k), cos(j w_k), sin(i w_k), cos(i w_k)]
     over k < dim/4, with w_k = 1 / 10000^(k / (dim/4 - 1))."""
