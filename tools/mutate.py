@@ -10,6 +10,7 @@ test suite (it takes from minutes to an hour, one pytest run per mutant):
     python tools/mutate.py --list                 # only print the mutants
     python tools/mutate.py --sample 300           # a random 300 of them: the kill rate with its standard error
     python tools/mutate.py --files report.py --functions summary claims   # only these functions
+    python tools/mutate.py --change "drop seed=" "drop reps="   # only these kinds of change (a text they contain)
     python tools/mutate.py --rerun out/mutate/report.json   # only that report's survivors, after adding tests
 
 It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
@@ -80,10 +81,11 @@ TARGETS = {
                      "TextTransformer.forward_normed", "TextTransformer.forward", "LSTMLayer.__init__", "LSTMLayer.run",
                      "LSTMClassifier.__init__", "LSTMClassifier.embed_normed", "LSTMClassifier.run_fused",
                      "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim", "main"],
-                    ["tests/test_language.py"]),
+                    ["tests/test_language.py", "tests/test_scale.py"]),  # test_scale: --resume equals a whole run
     "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
-                       "Normalize.forward", "evaluate_model", "main"], ["tests/test_robustness.py"]),
+                       "Normalize.forward", "evaluate_model", "main"],
+                      ["tests/test_robustness.py", "tests/test_scale.py"]),  # test_scale: --resume, torchrun
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
                         "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt"],
@@ -215,6 +217,8 @@ def main():
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants run side by side")
     p.add_argument("--timeout", type=int, default=300, help="seconds before a mutant's test run counts as failed")
     p.add_argument("--functions", nargs="+", default=None, help="only these functions of the files (as in TARGETS)")
+    p.add_argument("--change", nargs="+", default=None, help="only the mutants whose change contains one of these "
+                   "texts, as --list prints it ('drop positions=', 'drop', 'Lt -> ')")
     p.add_argument("--list", action="store_true", help="only list the mutants")
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample draw")
@@ -227,6 +231,7 @@ def main():
     if unknown:
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
     todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, names[path])]
+    todo = [t for t in todo if args.change is None or any(c in t[3] for c in args.change)]
     if args.list:
         for path, name, line, what, _, _ in todo:
             print(f"{path}:{line} {name}: {what}")
