@@ -828,10 +828,9 @@ def test_shifted_patch_tokens_are_the_image_and_its_four_shifts(shift, moves):
 
 def test_spt_shift_flag_reaches_the_vit():
     """--spt-shift half gives vision.py's ViT the half-patch diagonal shifts; the default, the authors' one pixel."""
-    for flags, s in [([], 1), (["--spt-shift", "half"], 2)]:
+    for flags, first_shift in [([], (1, -1, 0, 0)), (["--spt-shift", "half"], (2, -2, 2, -2))]:  # F.pad amounts
         args = vision.parse_args(["--dataset", "fake28", "--patch-size", "4", *flags])
-        model = vision.build_model("vit", args, 1, 28, 10)
-        assert model.tokens.shifts[0] == ((s, -s, s, -s) if flags else (s, -s, 0, 0))
+        assert vision.build_model("vit", args, 1, 28, 10).tokens.shifts[0] == first_shift
 
 
 def test_vit_attention_drops_its_attention_weights_in_training():
