@@ -82,8 +82,8 @@ def read_tsv(path, task):
                     raise ValueError(f"{path} line {line}: label {row[y]!r} is not 0 or 1")
                 pairs.append((row[a], row[b], int(row[y])))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found. Put the {task.upper()} files (SPLITS in glue.py: "
-                                f"msr_paraphrase_*.txt or GLUE's train.tsv, dev.tsv) in "
+        files = "; ".join(f"--split {split}: {', '.join(names)}" for split, names in SPLITS[task].items())
+        raise FileNotFoundError(f"{path} not found. Put the {task.upper()} files ({files}) in "
                                 f"{os.path.dirname(os.path.abspath(path))}, or run with --download where there is a "
                                 "network") from None
     except UnicodeDecodeError as e:

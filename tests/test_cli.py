@@ -144,6 +144,11 @@ def test_language_sizes_and_files(tmp_path, capsys):
     assert code == 2 and "line 2: label '2' is not 0 or 1" in err, err
     code, err = run("language", ["--data-dir", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path)], capsys)
     assert code == 2 and "msr_paraphrase_train.txt not found" in err and "--download" in err
+    assert "(--split paper: msr_paraphrase_train.txt, msr_paraphrase_test.txt; --split glue: train.tsv, dev.tsv)" \
+        in err, err
+    code, err = run("language", ["--data-dir", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path), "--task", "qqp"],
+                    capsys)
+    assert code == 2 and "QQP/train.tsv not found. Put the QQP files (--split glue: train.tsv, dev.tsv) in" in err, err
     code, err = run("language", base + ["--task", "qqp", "--split", "paper"], capsys)
     assert code == 2 and "--split paper: QQP has glue" in err, err
 
