@@ -128,6 +128,7 @@ def test_end_to_end(tmp_path):
                 "epoch_grokked"]:
         assert key in run["final"]
     assert 0 <= run["final"]["sens"] <= 1 and run["final"]["weight_norm"] > 0
+    assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every epoch timed (--times)
     assert (folder / "checkpoint.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
 
 

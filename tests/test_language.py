@@ -250,6 +250,7 @@ def test_end_to_end(tmp_path):
                                  "gpt2-relu/seed0", "lstm/seed0"}
     run = data["runs"]["lstm/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4] and [h["examples"] for h in run["history"]] == [0, 10, 20]
+    assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_test"]:
         assert isinstance(run["final"][key], float)
     prof, pairs = run["final"]["profiles"]["right"]["sens"], run["final"]["profiles"]["right"]["pairs"]

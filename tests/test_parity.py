@@ -69,6 +69,7 @@ def test_end_to_end(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "parity" / "t" / "metrics.json").read_text())
     run = data["runs"]["setting1/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4]
+    assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
     final = run["final"]
     assert final["sens_count"] == pytest.approx(final["sens"] * 8)
     assert len(final["sens_by_bit"]) == 8 and len(final["relevant_bits"]) == 2

@@ -116,6 +116,8 @@ def test_end_to_end(tmp_path):
         assert isinstance(final[key], float), key
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
     assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 3, 4]
+    seconds = on_disk["runs"]["sparse-lower/seed0"]["seconds"]
+    assert seconds["training"] > 0 and seconds["evaluations"] > 0  # every step timed (report.py --times reads it)
     assert os.path.getsize(folder / "synthetic.png") > 10_000
     os.remove(folder / "synthetic.png")
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import report
+import runs
 import vision
 from common import patchify
 from runs import Results, strict_json
@@ -668,6 +669,37 @@ def test_each_epoch_trains_on_a_new_order_from_the_runs_own_generator(tmp_path):
     expected = [vision.normalize(data["train_x"][order[i:i + 64]]) for order in orders for i in range(0, 200, 64)]
     assert [len(b) for b in seen] == [64, 64, 64, 8] * 2
     assert all(torch.equal(a, b) for a, b in zip(seen, expected))
+
+
+def test_the_time_guessed_before_any_step_counts_the_forward_passes(tmp_path, monkeypatch):
+    """Before a step is timed, the run's time is guessed from the seconds per image of one timed forward pass: a
+    training step as three passes of its batch (a backward costs about two forwards), an evaluation as one pass over
+    the training and the test images and one per perturbed copy (--n-sens images x patches x --sigma values). The
+    progress lines count the run in steps (3 an epoch here, 3 epochs, an evaluation every 2 epochs and at the end),
+    and time the iterations that evaluate apart from the others (the run's seconds split, which report.py --times
+    reads). Over an hour on a CPU they print a command of CPU size; under --until-acc the estimate is an upper
+    bound."""
+    made, ticks = [], []
+    real, tick = Results.progress, runs.Progress.tick
+    monkeypatch.setattr(vision, "time_forward", lambda model, batch: 1e-3)
+    monkeypatch.setattr(Results, "progress", lambda self, *a, **kw: made.append((a, kw)) or real(self, *a, **kw))
+    monkeypatch.setattr(runs.Progress, "tick", lambda self, step, evaluating, *a: ticks.append((step, evaluating)) or
+                        tick(self, step, evaluating, *a))
+    argv = ["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "8", "--n-train", "30", "--batch-size", "10",
+            "--epochs", "3", "--eval-every", "2", "--n-test", "10", "--n-sens", "2", "--sens-patch", "7", "--sigma",
+            "0.1", "1", "3", "--out-dir", str(tmp_path)]
+    data = vision.main(vision.parse_args(argv))
+    (a, kw), = made
+    assert a[1:] == (0, 9, 6) and kw["per_epoch"] == 3  # from step 0 to 9, an evaluation every 6 steps
+    assert kw["hint"] == vision.CPU_SIZE and kw["early"] is False
+    step, evaluation = kw["guess"]
+    assert step == pytest.approx(3 * 10 * 1e-3)
+    assert evaluation == pytest.approx(1e-3 * (30 + 10 + 2 * 16 * 3))  # 16 patches of 7 x 7 pixels, 3 sigmas
+    assert ticks == [(s, s in (0, 6, 9)) for s in range(10)]
+    seconds = data["runs"]["mlp/seed0"]["seconds"]
+    assert seconds["training"] > 0 and seconds["evaluations"] > 0
+    vision.main(vision.parse_args(argv + ["--until-acc", "0.99", "--run-name", "early"]))
+    assert made[-1][1]["early"] is True
 
 
 @pytest.mark.slow
