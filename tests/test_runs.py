@@ -17,10 +17,11 @@ import torch
 
 from conftest import stop_at_backward, synthetic_final
 import report
+import runs
 import synthetic
 import vision
 from runs import (Progress, Results, cli, duration, git_state, given, load_results, new_run_dir, restore, snapshot,
-                  write_json)
+                  time_forward, write_json)
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
@@ -315,6 +316,41 @@ def test_a_slow_training_loop_prints_progress_on_time(tmp_path, monkeypatch):
                          r"in", line) for _, line in lines), [line for _, line in lines]
     training = [t for t, line in out.lines if "/seed0" in line]  # every line of the run, progress or evaluation
     assert training[0] - t0 < 5 and max(b - a for a, b in zip(training, training[1:])) < 0.6
+
+
+def test_an_evaluations_time_is_its_iterations_mean_less_a_training_step():
+    """An iteration that evaluates also takes a training step (but the last): an evaluation's time is the mean of
+    those iterations less the median step, the whole mean while no step is timed, and 0 while no evaluation is."""
+    progress = Progress("m/seed0", 0, 100, 10, every=0)
+    assert progress.eval_time() == 0
+    progress.evals = [0.4, 0.6]
+    assert progress.eval_time() == pytest.approx(0.5)
+    progress.steps = [0.1, 0.1, 0.3]
+    assert progress.eval_time() == pytest.approx(0.4)
+
+
+def test_time_forward_is_seconds_per_input_of_the_second_call_in_eval_mode():
+    """A model that takes 50 ms a call on 10 inputs: about 5 ms an input, and the model is left in eval mode."""
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(0.05)
+            return x
+
+    model = Slow().train()
+    assert 0.005 <= time_forward(model, torch.zeros(10, 3)) < 0.02 and not model.training
+
+
+def test_a_runs_progress_lines_follow_progress_every_on_rank_0_and_hint_on_a_cpu_alone(tmp_path, monkeypatch):
+    """Results.progress prints every --progress-every seconds (20 if the run's flags have none), never on a torchrun
+    rank that does not write (write=False), and gives the CPU-size hint on a CPU only."""
+    made, real = [], runs.Progress
+    monkeypatch.setattr(runs, "Progress", lambda *a, **kw: made.append(kw) or real(*a, **{**kw, "every": 0}))
+    for args, device, write in [({"progress_every": 7}, "cpu", True), ({}, "cpu", True),
+                                ({"progress_every": 7}, "cpu", False), ({"progress_every": 7}, "cuda", True)]:
+        results = Results(str(tmp_path), "vision", args, "cpu", write=write)
+        results.device = torch.device(device)  # a GPU run's (its environment cannot be read without a GPU)
+        results.progress("m/seed0", 0, 10, 5)
+    assert [(kw["every"], kw["cpu"]) for kw in made] == [(7, True), (20, True), (0, True), (7, False)]
 
 
 # -----------------------------------------------------------------------------

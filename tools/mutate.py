@@ -41,7 +41,7 @@ TARGETS = {
                  "parse_with", "given", "write_json", "load_results", "new_run_dir", "set_rng_state", "restore",
                  "duration", "Results.final", "Results.finished", "Results.checkpoint", "cli", "start_run",
                  "Progress.tick", "Progress.evals_left", "Progress.seconds_left", "Progress.guessed_left",
-                 "Progress.seconds"],
+                 "Progress.seconds", "Progress.step_time", "Progress.eval_time", "Results.progress", "time_forward"],
                 ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py"]),  # robustness: parse_with
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
                    "language_paired", "robustness_summary", "merge",
