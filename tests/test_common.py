@@ -369,6 +369,9 @@ def test_paired_differences_against_hand_computed_values():
     (lambda: sensitivity(lambda xb, i: None, torch.randn(4, 3, 2), gaussian(1)), TypeError, "got NoneType"),
     (lambda: patchify([[1.0]], 4), ValueError, "images must be a (B, C, H, W) tensor"),
     (lambda: patchify(torch.zeros(1, 1, 8, 8), 2.5), ValueError, "patch size 2.5 must divide"),
+    (lambda: patchify(torch.zeros(1, 1, 8, 8), 0), ValueError, "patch size 0 must divide"),
+    (lambda: unpatchify(torch.zeros(1, 16, 4), 0, (1, 8, 8)), ValueError, "patch size 0 must divide"),
+    (lambda: unpatchify(torch.zeros(1, 4, 9), 3, (1, 8, 8)), ValueError, "patch size 3 must divide"),
 ])
 def test_the_input_contract_names_what_is_wrong(call, error, message):
     """Arguments of the wrong type or shape are refused at entry with a message naming the argument, not by an

@@ -84,6 +84,14 @@ def test_preset_orderings_match_the_formula():
 
 
 def test_model_shapes_and_head():
+    """The shapes, attention rows that sum to 1, and every weight drawn from N(0, init_std^2) (Eq. 3's small
+    initialisation)."""
+    torch.manual_seed(0)
+    for std in [0.1, 0.01]:
+        model = synthetic.AttentionClassifier(44, 40, std)
+        weights = [model.W, model.W_V, model.theta]
+        assert [tuple(w.shape) for w in weights] == [(44, 44), (44, 40), (40,)]
+        assert [w.std().item() / std for w in weights] == pytest.approx([1, 1, 1], abs=0.3)  # theta: 40 draws
     model = synthetic.AttentionClassifier(44, 8, 0.1)
     x = torch.eye(44)[torch.randint(44, (7, 20))]
     assert model(x).shape == (7,)

@@ -34,7 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the metric, loss and option code of each file, and the tests that guard it
 TARGETS = {
     "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
-                   "summarise", "paired_differences"],
+                   "summarise", "paired_differences", "patchify", "unpatchify", "chunk_seed",
+                   "default_batch_size"],
                   ["tests/test_common.py", "tests/test_scale.py"]),
     "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume",
                  # the front door, results and resume
@@ -49,7 +50,8 @@ TARGETS = {
                    "over_seeds", "pm", "paired_text", "own_numbers", "matched_accuracy", "end_point", "spearman",
                    "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
                    "synthetic_claim", "fell_to", "grokking_claim", "robustness_claim", "time_split", "claims",
-                   "differing_flags"],
+                   "differing_flags", "mask_sigma", "paired", "ms", "mean_se", "first_epoch", "robustness_groups",
+                   "flag_key", "seeds"],
                   ["tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py", "tests/test_grokking.py",
                    "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
                    "tests/test_imagenet.py"]),
@@ -70,7 +72,8 @@ TARGETS = {
                     ["tests/test_convnets.py", "tests/test_vision.py"]),
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
-                      "train_one", "main"],
+                      "train_one", "main", "Vocab.sparse", "Vocab.frequent", "settings",
+                      "AttentionClassifier.__init__"],
                      ["tests/test_synthetic.py"]),
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
@@ -80,7 +83,8 @@ TARGETS = {
                      "Block.__init__", "Block.qkv_heads", "TextTransformer.__init__", "TextTransformer.embed_normed",
                      "TextTransformer.forward_normed", "TextTransformer.forward", "LSTMLayer.__init__", "LSTMLayer.run",
                      "LSTMClassifier.__init__", "LSTMClassifier.embed_normed", "LSTMClassifier.run_fused",
-                     "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim", "main"],
+                     "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim", "main",
+                     "LSTMLayer.forward", "TextTransformer.read_out", "sensitivities", "label", "Tokenizer.encode"],
                     ["tests/test_language.py", "tests/test_scale.py"]),  # test_scale: --resume equals a whole run
     "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
@@ -92,11 +96,11 @@ TARGETS = {
                        ["tests/test_corruptions.py", "tests/test_robustness.py"]),
     "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity", "train_one",
                      "OneLayerTransformer.__init__", "OneLayerTransformer.embed",
-                     "OneLayerTransformer.forward_embedded", "OneLayerTransformer.forward", "main"],
+                     "OneLayerTransformer.forward_embedded", "OneLayerTransformer.forward", "main", "grokked_for"],
                     ["tests/test_grokking.py"]),
     "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity",
                    "train_one", "Block.__init__", "Block.forward", "ParityTransformer.__init__",
-                   "ParityTransformer.forward", "main"],
+                   "ParityTransformer.forward", "main", "setting", "all_inputs"],
                   ["tests/test_parity.py"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
