@@ -22,7 +22,7 @@ import report
 import robustness
 import synthetic
 import vision
-from runs import ArgumentParser, cli, torchvision_dataset
+from runs import ArgumentParser, cli, corrupt_file, torchvision_dataset
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
            "grokking": grokking, "parity": parity, "bench": bench, "imagenet": imagenet, "report": report}
@@ -173,6 +173,36 @@ def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkey
     (raw / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 9, 0, 0, 0, 28, 0, 0, 0, 28, 7]))
     with pytest.raises(ValueError, match=r"train-images-idx3-ubyte is present but unreadable: not a complete IDX"):
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
+
+
+def test_a_damaged_cifar10_or_svhn_file_is_named(tmp_path):
+    """CIFAR-10's archive or batch files and SVHN's .mat files are checked against their published MD5 sums, as
+    Fashion-MNIST's are: a damaged one is named, and a folder without them holds none."""
+    from torchvision.datasets import CIFAR10, SVHN
+    assert corrupt_file(CIFAR10, str(tmp_path)) is None and corrupt_file(SVHN, str(tmp_path)) is None
+    batches = tmp_path / "cifar-10-batches-py"
+    batches.mkdir()
+    (batches / "data_batch_3").write_bytes(b"cut short")
+    assert corrupt_file(CIFAR10, str(tmp_path)) == (str(batches / "data_batch_3"), "its MD5 checksum is not the "
+                                                    "published one (a truncated or altered file)")
+    (tmp_path / "test_32x32.mat").write_bytes(b"cut short")
+    assert corrupt_file(SVHN, str(tmp_path))[0] == str(tmp_path / "test_32x32.mat")
+
+
+def test_a_dataset_that_cannot_load_is_named_with_the_first_line_of_its_error(tmp_path):
+    """torchvision's error (a download that failed, here) is given by its type and first line, with where to put the
+    files."""
+    class Offline:
+        resources = []  # (as MNIST's: no damaged file among them)
+
+        def __init__(self, root, download):
+            raise RuntimeError("Error downloading images.gz\n<a long traceback>")
+
+    with pytest.raises(FileNotFoundError) as e:
+        torchvision_dataset(Offline, str(tmp_path), "images.gz")
+    assert str(e.value) == (f"cannot load Offline from {tmp_path} (RuntimeError: Error downloading images.gz). Without "
+                            "a network, put images.gz under that folder (or pass --data-dir), and torchvision will use "
+                            "them")
 
 
 def test_seeds_started_together_extract_a_dataset_one_at_a_time(tmp_path):

@@ -20,8 +20,8 @@ import report
 import runs
 import synthetic
 import vision
-from runs import (Progress, Results, cli, duration, git_state, given, load_results, new_run_dir, restore, snapshot,
-                  time_forward, write_json)
+from runs import (Progress, Results, cli, duration, git_state, given, load_results, new_run_dir, one_at_a_time,
+                  restore, set_threads, snapshot, time_forward, write_json)
 
 
 def test_results_file_shape_and_atomic_rewrite(tmp_path):
@@ -351,6 +351,40 @@ def test_a_runs_progress_lines_follow_progress_every_on_rank_0_and_hint_on_a_cpu
         results.device = torch.device(device)  # a GPU run's (its environment cannot be read without a GPU)
         results.progress("m/seed0", 0, 10, 5)
     assert [(kw["every"], kw["cpu"]) for kw in made] == [(7, True), (20, True), (0, True), (7, False)]
+
+
+
+def test_every_runs_progress_lines_stop_when_its_training_ends(tmp_path, monkeypatch):
+    """Each run's progress thread is stopped once the run has its final numbers: no line of an ended run is printed
+    while the next one trains or after the script returns."""
+    made, real = [], runs.Progress
+    monkeypatch.setattr(runs, "Progress", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
+    vision.main(vision.parse_args(["--dataset", "fake28", "--model", "mlp", "cnn", "--epochs", "1", "--n-train", "20",
+                                   "--n-test", "10", "--n-sens", "2", "--mlp-hidden", "8", "--out-dir", str(tmp_path)]))
+    assert len(made) == 2 and all(p.done.is_set() for p in made)
+
+
+def test_threads_are_one_per_process_by_default_and_at_most_four_per_core():
+    """--threads 0 (the default policy) is one thread; a number is that many, up to 4x the cores; more, or fewer
+    than 0, is refused with a message."""
+    cores, before = os.cpu_count() or 1, torch.get_num_threads()
+    try:
+        assert set_threads(0) == 1 and set_threads(2) == 2 and set_threads(4 * cores) == 4 * cores
+        with pytest.raises(ValueError, match=f"--threads {4 * cores + 1} is more than 4x the {cores} cores"):
+            set_threads(4 * cores + 1)
+        with pytest.raises(ValueError, match="--threads must be >= 0"):
+            set_threads(-1)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_data_folder_that_cannot_hold_a_lock_is_read_unlocked(tmp_path):
+    """Where folder/.lock cannot be made (here the folder's parent is a file) the block still runs, unlocked."""
+    (tmp_path / "a-file").write_text("")
+    ran = []
+    with one_at_a_time(str(tmp_path / "a-file" / "data")):
+        ran.append(True)
+    assert ran == [True]
 
 
 # -----------------------------------------------------------------------------

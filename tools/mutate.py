@@ -42,8 +42,14 @@ TARGETS = {
                  "parse_with", "given", "write_json", "load_results", "new_run_dir", "set_rng_state", "restore",
                  "duration", "Results.final", "Results.finished", "Results.checkpoint", "cli", "start_run",
                  "Progress.tick", "Progress.evals_left", "Progress.seconds_left", "Progress.guessed_left",
-                 "Progress.seconds", "Progress.step_time", "Progress.eval_time", "Results.progress", "time_forward"],
-                ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py"]),  # robustness: parse_with
+                 "Progress.seconds", "Progress.step_time", "Progress.eval_time", "Results.progress", "time_forward",
+                 # what keeps a run's results and seeds (Ctrl-C, checkpoints, torchrun, threads, data files)
+                 "seed_all", "strict_json", "one_at_a_time", "corrupt_file", "rng_state", "snapshot", "Results.log",
+                 "Results.save", "Results.write_checkpoint", "Results.recording", "Results.stop_progress",
+                 "Progress.end_early", "for_training", "all_sum", "ranks", "get_device", "set_threads", "one_of",
+                 "torchvision_dataset", "setup"],
+                # robustness: parse_with; test_scale: torchrun and --resume
+                ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py", "tests/test_scale.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
                    "language_paired", "robustness_summary", "merge",
                    # what prints the claims table's numbers (report.py --claims)
