@@ -332,14 +332,17 @@ def test_frost_textures_are_read_once_per_folder(frost_dir, monkeypatch):
 
 def test_noises_and_colour_steps_have_their_closed_forms():
     """Impulse noise sets a fraction c/2 of the values to 0 and c/2 to 1; shot noise keeps the mean, with variance
-    x / c (Poisson); brightness lifts black to grey c; saturate gives a grey pixel the saturation b at hue 0 (red);
-    a colour on 1-channel images is its luminance (ITU-R 601)."""
+    x / c (Poisson); speckle noise too, with variance (c x)^2 (x times 1 + c N(0, 1)); brightness lifts black to
+    grey c; saturate gives a grey pixel the saturation b at hue 0 (red); a colour on 1-channel images is its
+    luminance (ITU-R 601)."""
     x = torch.full((64, 3, 32, 32), 0.5)
     y = C.impulse_noise(x, 0.1, torch.Generator().manual_seed(0))
     assert (y == 0).float().mean().item() == pytest.approx(0.05, abs=0.003)
     assert (y == 1).float().mean().item() == pytest.approx(0.05, abs=0.003)
     y = C.shot_noise(x, 50, torch.Generator().manual_seed(0))
     assert y.mean().item() == pytest.approx(0.5, abs=0.002) and y.var().item() == pytest.approx(0.01, rel=0.03)
+    y = C.speckle_noise(x, 0.1, torch.Generator().manual_seed(0))
+    assert y.mean().item() == pytest.approx(0.5, abs=0.002) and y.var().item() == pytest.approx(0.0025, rel=0.03)
     assert torch.equal(C.brightness(torch.zeros(2, 3, 4, 4), 0.2, None), torch.full((2, 3, 4, 4), 0.2))
     y = C.saturate(torch.full((2, 3, 4, 4), 0.6), (2, 0.1), None)
     assert torch.allclose(y[:, 0], torch.tensor(0.6)) and torch.allclose(y[:, 1:], torch.tensor(0.54))

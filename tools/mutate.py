@@ -98,7 +98,10 @@ TARGETS = {
                       ["tests/test_robustness.py", "tests/test_scale.py"]),  # test_scale: --resume, torchrun
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
-                        "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt"],
+                        "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt",
+                        "grey", "colour", "gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "pad",
+                        "filter2d", "gaussian_blur", "motion_blur", "plasma_fractal", "fog", "value", "brightness",
+                        "contrast", "saturate", "jpeg_compression", "neighbours", "check_corruption"],
                        ["tests/test_corruptions.py", "tests/test_robustness.py"]),
     "grokking.py": (["make_data", "loss_fn", "evaluate", "measure_sensitivity", "train_one",
                      "OneLayerTransformer.__init__", "OneLayerTransformer.embed",
