@@ -353,7 +353,6 @@ def test_a_runs_progress_lines_follow_progress_every_on_rank_0_and_hint_on_a_cpu
     assert [(kw["every"], kw["cpu"]) for kw in made] == [(7, True), (20, True), (0, True), (7, False)]
 
 
-
 def test_every_runs_progress_lines_stop_when_its_training_ends(tmp_path, monkeypatch):
     """Each run's progress thread is stopped once the run has its final numbers: no line of an ended run is printed
     while the next one trains or after the script returns."""
