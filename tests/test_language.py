@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import language
 import report
+import runs
 from runs import seed_all, strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
@@ -208,8 +209,11 @@ def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
 def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch):
     """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is
     an error naming the flag; the fake task is 400 training and 100 test pairs, none shared; the paired differences
-    reach metrics.json on disk."""
-    asked = []
+    reach metrics.json on disk. Its progress lines count epochs of 13 steps (400 pairs, 32 a step), and name the
+README's MRPC protocol where a run is over an hour on a CPU."""
+    asked, made = [], []
+    real = runs.Results.progress
+    monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: made.append(kw) or real(self, *a, **kw))
 
     class Fetched(Exception):
         pass
@@ -231,6 +235,7 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
     data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)
+    assert made == [{"per_epoch": 13, "hint": language.CPU_SIZE}] * 2  # lstm, gpt2
     on_disk = json.loads((tmp_path / "language" / "p" / "metrics.json").read_text())
     assert on_disk["paired"] == strict_json(data["paired"]) and on_disk["paired"]["final"]["models"]
 
