@@ -240,6 +240,24 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     assert "[mrpc] language/mrpc-paper-3seeds: not run" in out and "[imagenet] imagenet/pretrained: not run" in out
 
 
+def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
+    """A Fashion-MNIST or MNIST row loads its dataset once first (torchvision downloads what is missing): where that
+    fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to
+    fail; the robustness row still gets to Fig. 9 (gpu: skipped too, with no CIFAR-10)."""
+    for folder in ["FashionMNIST", "MNIST"]:
+        for name in ["train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"]:
+            (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "d" / folder / "raw" / f"{name}-ubyte").write_bytes(b"not an image file")
+    code, out = finish("gpu", "--only", "vision3k,mnist01,robustness", "--data", str(tmp_path / "d"), "--out",
+                       str(tmp_path / "o"))
+    assert code == 0, out
+    raw = tmp_path / "d" / "FashionMNIST" / "raw"
+    assert out.count(f"  skipped: fashionmnist: {raw}/train-images-idx3-ubyte is present but unreadable") == 2
+    assert f"  skipped: mnist01: {tmp_path}/d/MNIST/raw/train-images-idx3-ubyte is present but unreadable" in out
+    assert "skipped: needs CIFAR-10 (torchvision's files), for Fig. 9" in out
+    assert "[vision3k] vision/fmnist-3k: not run" in out and not (tmp_path / "o" / "vision").exists()
+
+
 def dry_run(scale, data, out):
     """`bash reproduce.sh SCALE --dry-run`: its text, and its runs and merges in order as (kind, name, argv)."""
     code, text = finish(scale, "--dry-run", "--data", str(data), "--out", str(out))
