@@ -208,9 +208,10 @@ def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
 
 def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch):
     """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is
-    an error naming the flag; the fake task is 400 training and 100 test pairs, none shared; the paired differences
-    reach metrics.json on disk. Its progress lines count epochs of 13 steps (400 pairs, 32 a step), and name the
-README's MRPC protocol where a run is over an hour on a CPU."""
+    an error naming the flag; the fake task is 400 training and 100 test pairs, none shared, of 50 words, labelled by
+    whether the second sentence starts with the first one's first word; the paired differences reach metrics.json on
+    disk. Its progress lines count epochs of 13 steps (400 pairs, 32 a step), and name the README's MRPC protocol
+    where a run is over an hour on a CPU."""
     asked, made = [], []
     real = runs.Results.progress
     monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: made.append(kw) or real(self, *a, **kw))
@@ -232,6 +233,11 @@ README's MRPC protocol where a run is over an hour on a CPU."""
         language.main(language.parse_args(small + ["--n-test", "20", "--sens-test", "--run-name", "s"]))
     train, test = language.fake_pairs(400, 0), language.fake_pairs(100, 1)
     assert not {(a, b) for a, b, _ in train} & {(a, b) for a, b, _ in test}
+    vocab = {f"w{i}" for i in range(50)}
+    for a, b, y in train:  # 3-11 words, then the first word again (label 1) or another one, and 2-9 more words
+        assert 3 <= len(a.split()) <= 11 and 3 <= len(b.split()) <= 10 and set(a.split() + b.split()) <= vocab
+        assert (a.split()[0] == b.split()[0]) == y
+    assert {len(a.split()) for a, _, _ in train} == set(range(3, 12))
     data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)

@@ -262,7 +262,8 @@ def test_claim_holds_where_every_seed_learns_the_less_sensitive_feature(capsys):
 def test_sizes_at_their_edges_and_the_fig12_settings():
     """On their bounds, n_s + n_f = n (no irrelevant token), alpha = 1, --n-sens = --n-train and one-hot sets just
     under 4 GB are accepted; alpha = 0.5 (the frequent vote would tie), alpha * n_f 0.05 off a whole number and one
-    sequence more than fits in 4 GB are refused. alpha * n_f = 0.58 * 50 = 28.999999999999996 is 29 tokens of F_y.
+    sequence more than fits in 4 GB are refused, and so are no sparse or no frequent slot and more slots than n.
+    alpha * n_f = 0.58 * 50 = 28.999999999999996 is 29 tokens of F_y.
     --fig12 adds three settings per case, each named by what it changes."""
     for argv in [["--n", "12"], ["--alpha", "1", "--n-frequent", "9"], ["--n-sens", "4000"],
                  ["--n-train", "1220161"]]:  # 1,220,161 sequences of 20 one-hot tokens of width 44: 2^32 - 576 bytes
@@ -271,6 +272,9 @@ def test_sizes_at_their_edges_and_the_fig12_settings():
                  ["--n-train", "1220162"]]:
         with pytest.raises(SystemExit):
             synthetic.parse_args(argv)
+    for sizes in [dict(n_sparse=0), dict(n_frequent=0), dict(n_sparse=3, n_frequent=10)]:  # a preset edited by hand
+        with pytest.raises(ValueError, match="need n_s >= 1, n_f >= 1 and n_s"):
+            synthetic.check_sizes({"n": 12, "n_sparse": 1, "n_frequent": 10, "alpha": 1.0, **sizes})
     vocab = synthetic.Vocab(2, 10, 20)
     ids, y = synthetic.make_data(vocab, n=60, n_sparse=3, n_frequent=50, alpha=0.58, size=50,
                                  generator=torch.Generator().manual_seed(0))
