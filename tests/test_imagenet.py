@@ -7,8 +7,10 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
+import torchvision
 from PIL import Image
 
 import imagenet
@@ -156,6 +158,25 @@ def test_the_subset_follows_data_seed_and_the_random_models_are_fixed(tmp_path):
     torch.manual_seed(456)
     b = imagenet.load_model("convnext_tiny", True, "cpu")
     assert not a.training and all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_error_says_where(monkeypatch):
+    """Without --random-weights a model is torchvision's with its "DEFAULT" (best published) weights; where they
+    cannot be downloaded, one FileNotFoundError says where to put them."""
+    asked = []
+
+    def convnext_tiny(weights):
+        asked.append(weights)
+        if weights is not None:
+            raise RuntimeError("<urlopen error [Errno -3] Temporary failure in name resolution>")  # offline
+        return nn.Linear(2, 2).train()
+
+    monkeypatch.setattr(torchvision.models, "convnext_tiny", convnext_tiny)
+    with pytest.raises(FileNotFoundError, match=r"cannot get the convnext_tiny weights \(RuntimeError\); with no "
+                                                r"network put them in \$TORCH_HOME/hub/checkpoints"):
+        imagenet.load_model("convnext_tiny", False, "cpu")
+    assert not imagenet.load_model("convnext_tiny", True, "cpu").training
+    assert asked == ["DEFAULT", None]
 
 
 def test_the_headline_is_the_first_mask_at_the_first_sigma(tmp_path, monkeypatch):
