@@ -121,6 +121,45 @@ def test_offline_missing_dataset_is_a_clear_error(tmp_path, monkeypatch):
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
 
 
+def test_each_datasets_images_become_uint8_nchw_with_int64_labels(tmp_path, monkeypatch):
+    """What torchvision gives, as each dataset's class holds it: CIFAR-10 (N, H, W, 3) with a list of targets, SVHN
+    (N, 3, H, W) with .labels and a split, MNIST (N, H, W) with all ten digits, of which MNIST 0 vs 1 keeps the 0s
+    and 1s. Each becomes (N, C, H, W) uint8 images and int64 labels, pixel for pixel."""
+    import torchvision.datasets as tvd
+
+    g = torch.Generator().manual_seed(0)
+    made = {}  # (dataset, train): what the stand-in for torchvision's class held
+
+    def stand_in(name, shape, attr, labels):
+        class Data:
+            def __init__(self, root, download, train=None, split=None):
+                assert root == str(tmp_path) and download and (split is not None) == (name == "svhn")
+                train = train if split is None else split == "train"
+                n = 12 if train else 5
+                self.data = torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8).numpy()
+                setattr(self, attr, labels(n))
+                made[name, train] = self
+        return Data
+
+    digits = lambda n: torch.arange(n) % 10  # noqa: E731
+    monkeypatch.setattr(tvd, "CIFAR10", stand_in("cifar10", (32, 32, 3), "targets", lambda n: digits(n).tolist()))
+    monkeypatch.setattr(tvd, "SVHN", stand_in("svhn", (3, 32, 32), "labels", lambda n: digits(n).numpy()))
+    monkeypatch.setattr(tvd, "MNIST", stand_in("mnist01", (28, 28), "targets", digits))
+    for name, nchw in [("cifar10", lambda x: x.permute(0, 3, 1, 2)), ("svhn", lambda x: x),
+                       ("mnist01", lambda x: x[:, None])]:
+        data = vision.load_dataset(name, str(tmp_path), torch.device("cpu"))
+        channels, size = vision.DATASETS[name][:2]
+        for split, train in [("train", True), ("test", False)]:
+            src = made[name, train]
+            x, y = nchw(torch.as_tensor(src.data)), torch.as_tensor(src.labels if name == "svhn" else src.targets)
+            if name == "mnist01":
+                x, y = x[y <= 1], y[y <= 1]
+                assert len(y) == (4 if train else 2)  # of the digits 0-9, 0-1 (training) and 0-4 (test)
+            assert data[f"{split}_x"].shape[1:] == (channels, size, size) and data[f"{split}_x"].dtype == torch.uint8
+            assert torch.equal(data[f"{split}_x"], x) and torch.equal(data[f"{split}_y"], y.long())
+            assert data[f"{split}_y"].dtype == torch.int64
+
+
 def test_bad_arguments_are_rejected():
     for argv in [["--model", "vgg"], ["--sigma", "-0.1"], ["--dataset", "fake", "--sens-patch", "5"],
                  ["--epochs", "0"], ["--pretrained", "vit_l_16"], ["--lr", "-1"], ["--lr", "vgg=0.1"],
