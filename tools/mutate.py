@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# the metric, loss and option code of each file, and the tests that guard it
+# the metric, loss and option code of each file, and the tests that guard it (test_cli.py: every script's bad input)
 TARGETS = {
     "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
                    "summarise", "paired_differences", "patchify", "unpatchify", "chunk_seed",
@@ -71,8 +71,9 @@ TARGETS = {
                    "ViT.__init__", "ViT.forward", "SimpleViT.__init__", "SimpleViT.forward", "sincos_2d",
                    "MLP.__init__", "MLP.forward", "PatchNorm.forward", "build_model", "ablation", "measure_during",
                    "logged", "cross_entropy", "main"],
-                  ["tests/test_vision.py", "tests/test_scale.py"]),  # test_scale: torchrun equals one process
-    "imagenet.py": (["load_images", "measure", "main", "load_model", "parse_args"], ["tests/test_imagenet.py"]),
+                  ["tests/test_vision.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: torchrun
+    "imagenet.py": (["load_images", "measure", "main", "load_model", "parse_args"],
+                    ["tests/test_imagenet.py", "tests/test_cli.py"]),
     "convnets.py": (["BasicBlock.__init__", "BasicBlock.forward", "ResNet18.__init__", "ResNet18.forward",
                      "DenseLayer.__init__", "DenseLayer.forward", "DenseNet121.__init__", "DenseNet121.forward",
                      "ConvMixer.__init__", "ConvMixer.forward", "CNN.__init__", "CNN.forward"],
@@ -81,7 +82,7 @@ TARGETS = {
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
                       "train_one", "main", "Vocab.sparse", "Vocab.frequent", "settings",
                       "AttentionClassifier.__init__", "check_sizes", "parse_args"],
-                     ["tests/test_synthetic.py"]),
+                     ["tests/test_synthetic.py", "tests/test_cli.py"]),
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
                      "TextTransformer.forward_from", "LSTMClassifier.prefix_cache", "LSTMClassifier.forward_from",
@@ -93,11 +94,11 @@ TARGETS = {
                      "LSTMClassifier.forward_normed", "LSTMClassifier.forward", "build_model", "trim", "main",
                      "LSTMLayer.forward", "TextTransformer.read_out", "sensitivities", "label", "Tokenizer.encode",
                      "words", "fake_pairs", "Tokenizer.__init__", "Tokenizer.decode", "parse_args"],
-                    ["tests/test_language.py", "tests/test_scale.py"]),  # test_scale: --resume equals a whole run
+                    ["tests/test_language.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
                        "Normalize.forward", "evaluate_model", "main", "default_corruptions", "parse_args"],
-                      ["tests/test_robustness.py", "tests/test_scale.py"]),  # test_scale: --resume, torchrun
+                      ["tests/test_robustness.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
                         "canny", "edge_distance", "box3", "equalize", "water", "spatter", "frost", "corrupt",
@@ -110,11 +111,11 @@ TARGETS = {
                      "OneLayerTransformer.__init__", "OneLayerTransformer.embed",
                      "OneLayerTransformer.forward_embedded", "OneLayerTransformer.forward", "main", "grokked_for",
                      "parse_args"],
-                    ["tests/test_grokking.py"]),
+                    ["tests/test_grokking.py", "tests/test_cli.py"]),
     "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity",
                    "train_one", "Block.__init__", "Block.forward", "ParityTransformer.__init__",
                    "ParityTransformer.forward", "main", "setting", "all_inputs", "parse_args"],
-                  ["tests/test_parity.py"]),
+                  ["tests/test_parity.py", "tests/test_cli.py"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
