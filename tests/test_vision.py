@@ -466,7 +466,7 @@ def test_attention_equals_its_formula():
 
 def test_the_data_split_depends_only_on_data_seed():
     """The training subset is drawn by --data-seed: the same for every --seeds, another for another --data-seed;
-    the test set is the first --n-test test images."""
+    the test set is the first --n-test test images. The fake dataset is 1,000 training and 200 test images."""
     def subset(*flags):
         args = vision.parse_args(["--dataset", "fake28", "--n-train", "50", "--n-test", "20", "--n-sens", "5", *flags])
         return vision.prepare_data(args, torch.device("cpu"))
@@ -475,6 +475,8 @@ def test_the_data_split_depends_only_on_data_seed():
     assert torch.equal(a["train_x"], b["train_x"]) and torch.equal(a["train_y"], b["train_y"])
     assert len(a["train_x"]) == 50 and not torch.equal(a["train_x"], c["train_x"])
     full = vision.load_dataset("fake28", "", torch.device("cpu"))
+    assert full["train_x"].shape == (1000, 1, 28, 28) and full["test_x"].shape == (200, 1, 28, 28)  # random images
+    assert len(full["train_y"]) == 1000 and len(full["test_y"]) == 200 and set(full["test_y"].tolist()) == {*range(10)}
     assert torch.equal(a["test_x"], full["test_x"][:20])
     rows = {tuple(r.flatten().tolist()) for r in full["train_x"]}
     assert all(tuple(r.flatten().tolist()) in rows for r in a["train_x"])  # a subset of the training images
