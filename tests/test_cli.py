@@ -431,7 +431,7 @@ def test_a_checkpoint_that_is_not_the_runs_is_refused(tmp_path, capsys, monkeypa
     synthetic.main(synthetic.parse_args(small + ["--case", "sparse-lower", "--run-name", "b"]))
     shutil.copy(tmp_path / "synthetic" / "a" / "checkpoint.pt", tmp_path / "synthetic" / "b")
     code, err = run("synthetic", ["--resume", str(tmp_path / "synthetic" / "b")], capsys)
-    assert code == 2 and "another run's checkpoint" in err, err
+    assert code == 2 and "holds run frequent-lower/seed0, which" in err and "another run's checkpoint" in err, err
     path = tmp_path / "synthetic" / "a" / "metrics.json"
     data = json.loads(path.read_text())
     data["args"]["dim_head"] = 8  # as if this folder had been written with other flags

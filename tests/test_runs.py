@@ -293,6 +293,24 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
     assert "step 300/300 | final evaluation and measurements for" in progress.line()
 
 
+def test_each_progress_line_says_where_the_run_is_and_what_is_left(capsys):
+    """line() in each state, set by hand (100 steps of 10 an epoch, an evaluation every 30): an evaluation before any
+    is timed, with the guess's time to the end; one after, with the last one's time; a training step, with the steps
+    to the next evaluation (or to the end, where that comes first) at the median step time."""
+    progress = Progress("m/seed0", 0, 100, 30, every=0, per_epoch=10, guess=(0.5, 20.0))
+    capsys.readouterr()
+    progress.last = (time.monotonic() - 300, 30, True)  # 70 steps x 0.5 s + 4 evaluations (30 to 90, 100) x 20 s
+    assert progress.line() == "m/seed0 | step 30/100 (epoch 3.0) | evaluating for 5.0 min | about 20 s each, end in " \
+                              "about 115 s (guessed from a timed forward pass)"
+    progress.evals, progress.steps = [2.5], [0.5, 0.4, 0.6]  # an evaluation is 2.5 s less a step's 0.5 s
+    assert progress.line().endswith(" | the last evaluation took 2 s"), progress.line()
+    progress.last, progress.loss = (time.monotonic(), 45, False), torch.tensor(0.25)  # 15 steps to step 60
+    assert progress.line() == "m/seed0 | step 45/100 (epoch 4.5) | loss 0.2500 | 500 ms/step | next evaluation in " \
+                              "7.5 s | end in 34 s"  # 55 steps x 0.5 s + 3 evaluations x 2 s
+    progress.last = (time.monotonic(), 95, False)  # the last evaluation, at step 100, comes before step 120
+    assert "| next evaluation in 2.5 s | end in 4.5 s" in progress.line(), progress.line()
+
+
 @pytest.mark.slow
 def test_a_slow_training_loop_prints_progress_on_time(tmp_path, monkeypatch):
     """vision.py with training steps slowed to 50 ms and --progress-every 0.3: progress lines with the epoch, ms per
@@ -594,7 +612,8 @@ def test_time_split_in_minutes(tmp_path, capsys):
 
 def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
     """The seconds a run records cover the whole run: its checkpoint keeps the training and evaluation time so far,
-    and the Progress of the resumed invocation starts from them."""
+    and the Progress of the resumed invocation starts from them. metrics.json keeps the environment of each resumed
+    invocation beside that of the first (CPU runs repeat bit for bit on one processor only)."""
     from runs import Results
 
     model = torch.nn.Linear(2, 2)
@@ -606,6 +625,7 @@ def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
     res.stop_progress()
     again = Results(str(tmp_path), "synthetic", {}, "cpu", resume=True)
     assert again.resume("m/seed0", "step")["step"] == 5
+    assert again.data["env"] == res.data["env"] and again.data["resumed"] == [runs.environment("cpu")]
     spent = again.progress("m/seed0", 5, 10, 5).seconds()
     assert spent["training"] == 5.0 and spent["evaluations"] == 7.0
     assert again.progress("m/seed1", 0, 10, 5).seconds()["training"] == 0.0  # another run starts from nothing
