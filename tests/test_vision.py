@@ -168,6 +168,23 @@ def test_bad_arguments_are_rejected():
             vision.parse_args(argv)
 
 
+def test_amp_needs_a_cuda_device_and_augment_a_32x32_dataset(monkeypatch, capsys):
+    """--amp (bf16 autocast) is for CUDA: given on --device cpu, or on auto where torch sees no GPU, the flags are
+    refused; on cuda, or auto with a GPU, they pass (nothing runs here). --augment is for the 32x32 datasets."""
+    for device, gpu, ok in [("cpu", True, False), ("auto", False, False), ("auto", True, True), ("cuda", False, True),
+                            ("cuda:1", False, True)]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        if ok:
+            assert vision.parse_args(["--amp", "--device", device]).amp
+        else:
+            with pytest.raises(SystemExit):
+                vision.parse_args(["--amp", "--device", device])
+            assert "--amp (bf16 autocast) needs a CUDA device" in capsys.readouterr().err
+    assert vision.parse_args(["--augment", "--dataset", "fake"]).augment
+    with pytest.raises(SystemExit):
+        vision.parse_args(["--augment", "--dataset", "fake28"])
+
+
 def test_learning_rates_per_model():
     """The last --lr naming a model (or no model) is its rate; a model not named keeps the paper's rate for it."""
     args = vision.parse_args(["--model", "vit", "cnn", "mlp", "--lr", "0.3", "cnn=0.05"])
