@@ -675,6 +675,8 @@ def duration(seconds):
     """'45 s', '12.5 min', '3.2 h'."""
     if not math.isfinite(seconds):
         return "?"
+    if seconds < 0.005:  # not '4.7e-06 s'
+        return "0 s"
     if seconds < 120:
         return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

@@ -277,7 +277,8 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
         progress.tick(5, False)
         out = capsys.readouterr().out
         assert "estimated time of this run" in out and ("try --small" in out) == hinted, out
-    assert [duration(s) for s in [5, 90, 600, 36000, 1e6]] == ["5 s", "90 s", "10.0 min", "10.0 h", "277.8 h"]
+    assert [duration(s) for s in [4.7e-6, 0.02, 5, 90, 600, 36000, 1e6]] == ["0 s", "0.02 s", "5 s", "90 s", "10.0 min",
+                                                                               "10.0 h", "277.8 h"]
     # a guess (seconds per step, per evaluation) is told at once: 1,000 steps and 21 evaluations (0 to 1,000 by 50)
     Progress("m/seed0", 0, 1000, 50, every=0, hint="try --small", guess=(3.0, 60.0))
     assert capsys.readouterr().out.splitlines() == [
