@@ -112,6 +112,10 @@ BAD = [
     ("language", ["--dropout", "1"], "--dropout must be a number in [0, 1), got 1"),
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
+    ("vision", ["--schedule", "linear"], "invalid choice: 'linear'"),
+    ("language", ["--model", "bert"], "invalid choice: 'bert'"),
+    ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
+    ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
 ]
@@ -122,6 +126,35 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
     code, err = run(script, argv + ["--out-dir", str(tmp_path)] * (script not in ("bench", "report")), capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+# what ../shared/paper/SETTINGS.md gives each setting: [paper], [author code]; a default changed by mistake (a planted
+# one-line bug in a flag) changes what `python <script>.py` reproduces without any other test noticing
+DEFAULTS = {
+    "vision": dict(optimizer="sgd", batch_size=100, patch_size=4, sens_patch=4,  # [paper]; patch 4 [author code]
+                   depth=8, heads=32, dim=64, mlp_dim=512, dropout=0.1, spt_shift="1", mlp_hidden=[512, 128],
+                   sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0]),  # the authors' ViT-small
+    "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
+                     lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper"),  # [paper]
+    "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
+                     sigma=0.1, eval_every=100),  # [author code]
+    "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
+                       augment_std=0.1, n_sharp=2000),
+    "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
+                      seeds=[0, 1, 2]),  # the suggested sizes; batch 100 [paper]
+    "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1),  # [decided]
+}
+
+
+def test_defaults_are_the_papers_and_the_authors_settings():
+    """With no flags each script runs the settings SETTINGS.md gives (the paper's, else the authors' code's, else
+    ours), and vision.py's per-model learning rates are the paper's (App. D)."""
+    for name, expected in DEFAULTS.items():
+        args = vars(SCRIPTS[name].parse_args([]))
+        for flag, value in expected.items():
+            assert args[flag] == (pytest.approx(value) if isinstance(value, (float, list)) else value), (name, flag)
+    assert vision.LR == {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "densenet121": 0.005,
+                         "mlp": 0.1, "mlp-sigmoid": 0.5, "cnn": 0.005} and vision.LR_MNIST01 == 0.01
 
 
 @pytest.mark.slow
