@@ -135,7 +135,8 @@ DEFAULTS = {
                    depth=8, heads=32, dim=64, mlp_dim=512, dropout=0.1, spt_shift="1", mlp_hidden=[512, 128],
                    sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0]),  # the authors' ViT-small
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
-                     lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper"),  # [paper]
+                     lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
+                     model=["roberta", "lstm"], attn=["softmax"], task="mrpc"),  # the main comparison
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100),  # [author code]
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
