@@ -113,6 +113,8 @@ BAD = [
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
     ("vision", ["--schedule", "linear"], "invalid choice: 'linear'"),
+    ("synthetic", ["--irrelevant-set", "0"], "--irrelevant-set must be an integer >= 1"),
+    ("parity", ["--mlp-dim", "0"], "--mlp-dim must be an integer >= 1"),
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
