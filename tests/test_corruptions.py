@@ -266,6 +266,16 @@ def test_random_corruptions_equal_the_release_given_its_draws(name):
     check_against_the_release(name)
 
 
+def test_the_borders_are_numpys_pads():
+    """pad's three borders, as np.pad names them: OpenCV's "reflect" (d c b | a b c d) is numpy's "reflect", SciPy's
+    "reflect" (c b a | a b c d, elastic's smoothing) numpy's "symmetric", and "replicate" numpy's "edge"."""
+    x = torch.arange(2 * 5 * 6, dtype=torch.float32).view(1, 2, 5, 6)
+    for ours, numpys in [("reflect", "reflect"), ("symmetric", "symmetric"), ("replicate", "edge")]:
+        for r in (1, 3):
+            expected = np.pad(x.numpy(), ((0, 0), (0, 0), (r, r), (r, r)), mode=numpys)
+            assert np.array_equal(C.pad(x, r, ours).numpy(), expected), (ours, r)
+
+
 def test_gaussian_kernels_have_scipys_radius():
     """int(truncate * sigma + 0.5) taps each side, as SciPy (scikit-image's gaussian): the release's blur sigmas
     at truncate 4 and elastic's smoothing at truncate 3 (in pixels of a 32x32 image)."""
@@ -302,8 +312,8 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
 
 def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     """Textures that encode their own coordinates (red = row, green = column): every crop is an H x W window of one
-    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range; a grey
-    image gets the luminance of the same crop."""
+    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range (the
+    row's and the column's drawn apart); a grey image gets the luminance of the same crop."""
     h, w = 120, 150
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                                 indexing="ij")
@@ -315,6 +325,7 @@ def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     assert top.min() < 5 and top.max() > h - 32 - 6 and top.max() <= h - 33
     assert left.min() < 5 and left.max() > w - 32 - 6 and left.max() <= w - 33
     assert set(y[:, 2, 0, 0].round().div(10).long().tolist()) == {0, 1, 2, 3, 4}  # the first five textures
+    assert abs(np.corrcoef(top.numpy(), left.numpy())[0, 1]) < 0.2  # the row and the column drawn apart
     grey = C.frost(torch.zeros(400, 1, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures)
     assert torch.allclose(grey, C.grey(y / 255), atol=1e-6)  # grey images: the same crops' luminance
 
