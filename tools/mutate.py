@@ -63,7 +63,7 @@ TARGETS = {
                    "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
                    "tests/test_imagenet.py"]),
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
-                   "scattered_sensitivity", "lr_at", "learning_rate", "train", "final_record", "make_optimizer",
+                   "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "Attention.forward", "check_flags", "load_dataset", "add_flags", "parse_args",
                    # the models and what the training loop measures with
                    "FeedForward.__init__", "FeedForward.forward", "Attention.__init__", "Transformer.__init__",
