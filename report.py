@@ -372,9 +372,9 @@ def summary(data):
             for name, d in p["models"].items():
                 print(f"{n} images | {name} - {p['reference']} | " + " | ".join(
                     f"{k} {paired_text(v)}" for k, v in d["diff"].items()))
-    elif script == "vision" and data.get("paired"):
+    elif script == "vision":  # one model too, and a stopped run: the models that finished, paired
         own_numbers(data)
-        paired_lines(data["paired"])
+        paired_lines(data.get("paired") or vision_paired(data))
         matched_accuracy(data)
     elif script == "imagenet":  # pretrained models: accuracy on the measured images (of an ImageNet folder)
         for run, r in data["runs"].items():
@@ -968,6 +968,9 @@ def main(args):
         folder = os.path.dirname(folder) if os.path.isfile(folder) else folder
         data = load_results(folder)
         summary(data)
+        for run, r in data["runs"].items():
+            if not r["final"] and not r.get("diverged"):
+                print(f"note: {run} has no final numbers yet (still running, or stopped: --resume {folder})")
         paths = draw(data, folder)
         print("wrote", *paths) if paths else print(f"{folder}: nothing to draw yet")
         return data

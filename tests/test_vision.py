@@ -618,6 +618,29 @@ def test_summary_of_a_merged_folder_prints_own_numbers_paired_differences_and_ma
         "mlp at train acc 0.9 (1 of 1 seed) | epoch 4.5 | patch:1 0.2500"]
 
 
+def test_a_stopped_or_one_model_folder_prints_what_finished(tmp_path, capsys):
+    """report.py on a folder whose run was stopped (no "paired" saved yet: a GPU lend's budget ended it in its third
+    model) prints the finished models' own numbers and paired differences, and names the unfinished model; a
+    one-model run prints its own numbers (both printed nothing before)."""
+    def run(m, finished):
+        return {"model": m, "seed": 1, "history": [], "final": {} if not finished else {
+            "train_acc": 0.99, "test_acc": 0.8, "epoch": 3, "per_image": {"patch:1": [0.5, 0.0] if m == "mlp" else
+                                                                          [0.0, 0.0]},
+            "sens_at": {"patch:1": {"sens": 0.25 if m == "mlp" else 0.0, "stderr": 0.01}}}}
+    runs.write_json(str(tmp_path / "metrics.json"), {"script": "vision", "args": {}, "runs": {
+        f"{m}/seed1": run(m, m != "cnn") for m in ["vit", "mlp", "cnn"]}})
+    report.main(report.parse_args([str(tmp_path)]))
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [
+        "vit (1 seed) | train acc 0.990 | test acc 0.800 | epoch 3 | patch:1 0.0000 +- 0.0100",
+        "mlp (1 seed) | train acc 0.990 | test acc 0.800 | epoch 3 | patch:1 0.2500 +- 0.0100",
+        "mlp - vit | patch:1 +0.2500 +- 0.2500 (1 seed, s.e. over inputs)"]
+    assert out[3] == f"note: cnn/seed1 has no final numbers yet (still running, or stopped: --resume {tmp_path})"
+    report.summary({"script": "vision", "runs": {"mlp/seed1": run("mlp", True)}, "paired": {}})
+    assert capsys.readouterr().out.splitlines() == [
+        "mlp (1 seed) | train acc 0.990 | test acc 0.800 | epoch 3 | patch:1 0.2500 +- 0.0100"]
+
+
 def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
     """The authors' mask: per draw p^2 (row, column) pairs with replacement; every copy of the batch has noise on
     exactly those pixels (all channels), so as many as there are distinct pairs, at most p^2."""
