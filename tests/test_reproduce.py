@@ -322,16 +322,22 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
 
 
 def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
-    """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench nor ROW:JOBS is refused in one
-    line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less would run them
-    unbounded, or fail), and still packs what it has."""
+    """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench, tests, smoke nor ROW:JOBS is
+    refused in one line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less
+    would run them unbounded, or fail), and still packs what it has; the CUDA tests run only with `tests`."""
     bad = gpu_check("60", str(tmp_path / "a"), "vision3k")
-    assert bad.returncode == 2 and "a step is bench, smoke or ROW:JOBS" in bad.stderr and "got vision3k" in bad.stderr
+    assert bad.returncode == 2 and "a step is bench, tests, smoke or ROW:JOBS" in bad.stderr
+    assert "got vision3k" in bad.stderr
     res = tmp_path / "b"
     short = gpu_check("40", str(res), "imagenet:1")
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout
     assert (tmp_path / "b.tgz").exists() and (res / "machine.txt").exists()
     assert not (res / "imagenet.log").exists() and not (res / "test_gpu.log").exists()
+    for steps, tested in [(["imagenet:1"], False), (["tests", "imagenet:1"], True)]:  # the CUDA tests when asked
+        res = tmp_path / f"c{tested}"  # (a lend meant for a row gives it the GPU alone)
+        done = gpu_check("90", str(res), *steps)
+        assert done.returncode == 0 and "imagenet: exit 0" in done.stdout, done.stdout + done.stderr
+        assert (res / "test_gpu.log").exists() == tested == ("test_gpu: exit" in done.stdout)
 
 
 @pytest.mark.slow
@@ -340,7 +346,7 @@ def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
     logged with the count of failed runs (on a GPU machine every script's rows run there on CUDA), 4 runs at a time
     beside the rows, whatever the machine's cores."""
     res = tmp_path / "c"
-    done = gpu_check("85", str(res), "smoke")
+    done = gpu_check("85", str(res), "tests", "smoke")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"smoke: exit \d+ after \d+ s; 0 run\(s\) failed", done.stdout), done.stdout
     log = (res / "smoke.log").read_text()

@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
 # The GPU items of reproduce.sh within a fixed wall-time budget: for a lent GPU machine whose minutes are few.
 #
-#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [smoke] [ROW:JOBS ...]   # datasets in ./data
+#   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [tests] [smoke] [ROW:JOBS ...]   # datasets in ./data
 #
-# (defaults: 540 s, out/gpu_check, bench mnist01:3 mrpc:6 vision3k:3)
+# (defaults: 540 s, out/gpu_check, bench tests mnist01:3 mrpc:6 vision3k:3)
 # In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU, alone
 # on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the one
-# GPU, the CUDA tests, with `smoke` every row of `reproduce.sh smoke` on the GPU (fake data and tiny models: each
-# script's every path of the reproduction on CUDA, a minute or two), and the rows of `reproduce.sh gpu` given (each as
-# ROW:JOBS, the row and its --jobs), each stopped with SIGTERM when the budget ends: a stopped run keeps its metrics and
-# checkpoint, and `bash reproduce.sh gpu --only ROW` resumes it later. A run folder of out/ carried to the machine is
-# skipped when done and resumed when not (without its checkpoint, which is too large to come back: its unfinished model
-# restarts), so `vision3k:1` with the folders of the lends before goes on with the next seed (about 12 min of an H200
-# each). Everything it measured, without checkpoints, is packed into RESULTS_DIR.tgz: one log per step in RESULTS_DIR,
-# and the run folders and logs of out/ (a machine lent for minutes may give back few files).
+# GPU: with `tests` the CUDA tests (tests/test_gpu.py); with `smoke` every row of `reproduce.sh smoke` on the GPU (fake
+# data and tiny models: each script's every path of the reproduction on CUDA, a minute or two); and the rows of
+# `reproduce.sh gpu` given (each as ROW:JOBS, the row and its --jobs), each stopped with SIGTERM when the budget ends: a
+# stopped run keeps its metrics and checkpoint, and `bash reproduce.sh gpu --only ROW` resumes it later. A run folder
+# of out/ carried to the machine is skipped when done and resumed when not (without its checkpoint, which is too large
+# to come back: its unfinished model restarts), so `vision3k:1` alone with the folders of the lends before goes on with
+# the next seed (about 11-12 min of an H200 each). Everything it measured, without checkpoints, is packed into
+# RESULTS_DIR.tgz: one log per step in RESULTS_DIR, and the run folders and logs of out/ (a machine lent for minutes may
+# give back few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
 shift 2 2> /dev/null || shift $#
-[ $# -gt 0 ] || set -- bench mnist01:3 mrpc:6 vision3k:3
-bench="" smoke="" rows=()
+[ $# -gt 0 ] || set -- bench tests mnist01:3 mrpc:6 vision3k:3
+bench="" tests="" smoke="" rows=()
 for step in "$@"; do
   if [ "$step" = bench ]; then bench=1
+  elif [ "$step" = tests ]; then tests=1
   elif [ "$step" = smoke ]; then smoke=1
   elif [[ $step =~ ^[a-z0-9]+:[1-9][0-9]*$ ]]; then rows+=("$step")
-  else echo "gpu_check.sh: a step is bench, smoke or ROW:JOBS (a row of reproduce.sh and its --jobs), got $step" >&2
+  else echo "gpu_check.sh: a step is bench, tests, smoke or ROW:JOBS (a row of reproduce.sh and its --jobs)," \
+            "got $step" >&2
     exit 2
   fi
 done
@@ -82,8 +85,10 @@ else
   # as reproduce.sh gpu: one per core (16) would take the CPU that the rows' launch-bound steps need
   [ -z "$smoke" ] || in_background smoke smoke --jobs 4 --out "$res/smoke"
   # (pyproject already gives -q: a second would hide the summary line, "3 passed")
-  timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
-  log "test_gpu: exit $?"
+  if [ -n "$tests" ]; then  # beside a row, they slow its launch-bound steps (the ViT: 21 ms/step against 14)
+    timeout -k 10 "$end" "$python" -m pytest -p no:cacheprovider tests/test_gpu.py > "$res/test_gpu.log" 2>&1
+    log "test_gpu: exit $?"
+  fi
 fi
 wait
 log "packing"
