@@ -246,7 +246,8 @@ def profile_windows(data):
                     sens, pairs = sens[::-1], pairs[::-1]
                 floor = max(pairs) / 4
                 for window, (lo, hi) in windows.items():
-                    kept = [v for v, n in zip(sens[lo:hi], pairs[lo:hi]) if v is not None and n >= floor]
+                    kept = [v for v, n in zip(sens[lo:hi], pairs[lo:hi])  # None in metrics.json, NaN in the run:
+                            if v is not None and not math.isnan(v) and n >= floor]  # a position not sampled
                     if kept:
                         per_seed[window].append(float(np.mean(kept)))
             for window, values in per_seed.items():

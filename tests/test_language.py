@@ -512,6 +512,10 @@ def test_profile_windows_count_from_the_right_end_and_skip_rare_positions():
     assert w["last 10"][1] == pytest.approx(0.01) and w["last 10"][2] == 2
     assert w["beyond 30"][0] == pytest.approx(0.1)  # the position 9 of 40 pairs reach (9.0) is left out
     assert w["<s>"][0] == pytest.approx(0.3) and w["positions 1-39"][0] == 0
+    for unsampled in [None, math.nan]:  # --sens-positions: positions not measured (NaN in the run, None once saved)
+        r = run(0.2, 9.0)
+        r["final"]["profiles"]["right"]["sens"][-2] = unsampled
+        assert report.profile_windows({"runs": {"lstm/seed0": r}})["lstm"]["last 10"][0] == pytest.approx(1 / 9)
 
 
 def test_through_training_means_seeds_at_each_evaluation():
