@@ -292,6 +292,7 @@ def main(args):
             for s in which:
                 for seed in setting(args, s)["seeds"]:
                     train_one(args, s, seed, tasks[s], results, device)
+        report.summary(results.data)  # per run and setting: the final count, and the plateau before learning
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
         if paths := report.draw(results.data, folder):
             print("wrote", *paths)
