@@ -597,18 +597,18 @@ def test_pyproject_names_every_module():
 def test_time_split_in_minutes(tmp_path, capsys):
     """report.py --times: each run's training, evaluation and final-measurement minutes and their total; runs
     written before the split are left out."""
-    runs = {"vit/seed0": {"history": [], "final": {}, "seconds": {"training": 600, "evaluations": 30, "final": 90}},
+    runs = {"vit/seed0": {"history": [], "final": {}, "seconds": {"training": 600, "evaluations": 360, "final": 480}},
             "mlp/seed0": {"history": [], "final": {}}}
     write_json(str(tmp_path / "metrics.json"), {"script": "vision", "runs": runs})
     report.main(report.parse_args([str(tmp_path), "--times"]))
-    assert capsys.readouterr().out == ("vit/seed0 | training 10.0 min | evaluations 0.5 min | final measurements 1.5 "
-                                       "min | total 12.0 min\n")
+    assert capsys.readouterr().out == ("vit/seed0 | training 10.0 min | evaluations 6.0 min | final measurements 8.0 "
+                                       "min | total 24.0 min\n")  # (each a multiple of 6 s: 1/61 would show)
     (tmp_path / "b").mkdir()  # a row of several folders: their sum on a last line
     write_json(str(tmp_path / "b" / "metrics.json"), {"script": "vision", "runs": {"cnn/seed0": {
         "history": [], "final": {}, "seconds": {"training": 30, "evaluations": 30, "final": 30}}}})
     report.main(report.parse_args([str(tmp_path), str(tmp_path / "b"), "--times"]))
-    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 runs | training 10.5 min | evaluations 1.0 min | "
-                                                        "final measurements 2.0 min | total 13.5 min")
+    assert capsys.readouterr().out.splitlines()[-1] == ("all 2 runs | training 10.5 min | evaluations 6.5 min | "
+                                                        "final measurements 8.5 min | total 25.5 min")
 
 
 def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
