@@ -117,6 +117,7 @@ BAD = [
     ("parity", ["--mlp-dim", "0"], "--mlp-dim must be an integer >= 1"),
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
+    ("language", ["--sens-positions", "0"], "--sens-positions must be an integer >= 1"),
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
@@ -138,14 +139,15 @@ DEFAULTS = {
                    sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0]),  # the authors' ViT-small
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
-                     model=["roberta", "lstm"], attn=["softmax"], task="mrpc"),  # the main comparison
+                     model=["roberta", "lstm"], attn=["softmax"], task="mrpc",  # the main comparison
+                     n_sens=500, sens_positions=None),  # [decided]: every position of 500 training pairs
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100),  # [author code]
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
                        augment_std=0.1, n_sharp=2000),
     "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
                       seeds=[0, 1, 2]),  # the suggested sizes; batch 100 [paper]
-    "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1),  # [decided]
+    "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000),  # [decided]; the parity row's test set
 }
 
 
