@@ -22,7 +22,7 @@ import report
 import robustness
 import synthetic
 import vision
-from runs import ArgumentParser, cli, corrupt_file, torchvision_dataset
+from runs import ArgumentParser, cli, corrupt_file, torchvision_dataset, write_json
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
            "grokking": grokking, "parity": parity, "bench": bench, "imagenet": imagenet, "report": report}
@@ -453,6 +453,15 @@ def test_a_damaged_or_misshapen_release_is_refused_before_training(tmp_path, cap
         code, err = run("robustness", base + ["--corruptions", *corruptions, "--dataset", dataset], capsys)
         assert code == 2 and message in err, err
     assert not (tmp_path / "robustness").exists()  # refused before a run folder was made
+
+
+def test_resume_takes_a_run_folder_with_its_metrics(tmp_path, capsys):
+    """--resume names the run's folder: a folder without metrics.json, or the metrics.json file itself (whose
+    "folder" would then be a file), is one line and exit 2."""
+    write_json(str(tmp_path / "metrics.json"), {"script": "synthetic", "args": {}, "runs": {}})
+    for path in [tmp_path / "nothing", tmp_path / "metrics.json"]:
+        code, err = run("synthetic", ["--resume", str(path)], capsys)
+        assert code == 2 and f"--resume {path}: no metrics.json there to continue" in err, err
 
 
 @pytest.mark.slow
