@@ -218,7 +218,7 @@ def parse_args(argv=None):
     g.add_argument("--corruptions", type=one_of(list(SEVERITY), "corruption"), nargs="+", default=None,
                    help="corruptions to evaluate (default: the 15 standard ones and the 4 extras of the release; "
                    "generated, frost only with --frost-dir)")
-    g.add_argument("--severities", type=checked(int, lambda v: 1 <= v <= 5, "severities 1..5"), nargs="+",
+    g.add_argument("--severities", type=checked(int, lambda v: 1 <= v <= 5, "an integer from 1 to 5"), nargs="+",
                    default=[1, 2, 3, 4, 5], help="severities 1..5")
     g.add_argument("--n-corrupt", type=positive_int, default=None, help="test images per corruption and severity "
                    "(default: all, the release's 10,000 for CIFAR-10)")
