@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from common import paired_differences
-from runs import ArgumentParser, cli, load_results, new_run_dir, run_name, write_json
+from runs import ArgumentParser, cli, ended, load_results, new_run_dir, run_name, write_json
 
 SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
 
@@ -591,7 +591,7 @@ def merge(folders, vary=()):
             if run in runs:
                 raise ValueError(f"{run} is in more than one of the folders ({folder})")
             runs[run] = r
-            if not r["final"] and not r.get("diverged"):  # still training, or stopped: no final numbers to merge
+            if not ended(r):  # still training, or stopped: no final numbers to merge
                 out.setdefault("unfinished", []).append(f"{run} in {folder}")
     if len(by_size) > 1:  # the data-scale study
         out["data_scale"] = {str(n): vision_paired({"runs": runs}) for n, runs in sorted(by_size.items())}
@@ -970,7 +970,7 @@ def main(args):
         data = load_results(folder)
         summary(data)
         for run, r in data["runs"].items():
-            if not r["final"] and not r.get("diverged"):
+            if not ended(r):
                 print(f"note: {run} has no final numbers yet (still running, or stopped: --resume {folder})")
         paths = draw(data, folder)
         print("wrote", *paths) if paths else print(f"{folder}: nothing to draw yet")

@@ -686,6 +686,14 @@ def duration(seconds):
 # run's record, since a merged folder's args are those of its first source
 MEASURED_UNDER = ["sigma", "mask", "sens_seed", "n_sens", "reps", "sens_positions", "sens_patch", "align",
                   "flat_patches", "dataset", "task", "split", "data_seed", "n_train", "n_test"]
+
+
+def ended(record, key=None):
+    """Whether a run's record in metrics.json has its final numbers (final[key] when given) or diverged: a run that
+    has neither is still training, or was stopped."""
+    return bool(record.get("diverged") or (key in record.get("final", {}) if key else record.get("final")))
+
+
 DIVERGED_FACTOR = 100  # a training loss this many times its initial value (at least 1) means the run diverged
 
 
@@ -783,8 +791,7 @@ class Results:
     def finished(self, run, key=None):
         """Whether a resumed run already has its final numbers (final[key] when given) or diverged: it is not trained
         again."""
-        r = self.data["runs"].get(str(run), {})
-        return bool(r.get("diverged") or (key in r.get("final", {}) if key else r.get("final")))
+        return ended(self.data["runs"].get(str(run), {}), key)
 
     def resume(self, run, key):
         """The checkpoint's snapshot if it belongs to `run` (else None, and the run starts afresh). The run's history

@@ -602,7 +602,7 @@ def test_time_split_in_minutes(tmp_path, capsys):
     write_json(str(tmp_path / "metrics.json"), {"script": "vision", "runs": runs})
     report.main(report.parse_args([str(tmp_path), "--times"]))
     assert capsys.readouterr().out == ("vit/seed0 | training 10.0 min | evaluations 6.0 min | final measurements 8.0 "
-                                       "min | total 24.0 min\n")  # (each a multiple of 6 s: 1/61 would show)
+                                       "min | total 24.0 min\n")  # (large enough that 1/61 would show)
     (tmp_path / "b").mkdir()  # a row of several folders: their sum on a last line
     write_json(str(tmp_path / "b" / "metrics.json"), {"script": "vision", "runs": {"cnn/seed0": {
         "history": [], "final": {}, "seconds": {"training": 30, "evaluations": 30, "final": 30}}}})

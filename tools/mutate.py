@@ -40,7 +40,7 @@ TARGETS = {
     "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume",
                  # the front door, results and resume
                  "parse_with", "given", "write_json", "load_results", "new_run_dir", "set_rng_state", "restore",
-                 "duration", "Results.final", "Results.finished", "Results.checkpoint", "cli", "start_run",
+                 "duration", "Results.final", "Results.finished", "ended", "Results.checkpoint", "cli", "start_run",
                  "Progress.tick", "Progress.evals_left", "Progress.seconds_left", "Progress.guessed_left",
                  "Progress.seconds", "Progress.step_time", "Progress.eval_time", "Results.progress", "time_forward",
                  # what keeps a run's results and seeds (Ctrl-C, checkpoints, torchrun, threads, data files)
