@@ -265,9 +265,12 @@ def through_training(records, x_key="examples", y_key="sens"):
     return [(x, *over_seeds(v), len(v)) for x, v in sorted(at.items())]
 
 
-def language_paired(data, order):
-    """Paired differences against the first model of `order` present (--model with its first --attn), at the end and
-    at initialisation."""
+def language_paired(data, order=None):
+    """Paired differences against the first model of `order` present (by default the run's --model with its first
+    --attn), at the end and at initialisation."""
+    if order is None:
+        args = data.get("args", {})
+        order = [m if m == "lstm" else f"{m}-{a}" for m in args.get("model", []) for a in args.get("attn", ["softmax"])]
     present = list(models(data))
     reference = next((m for m in order if m in present), present[0] if present else None)
     return {"final": paired(data, reference, "per_image"), "init": paired(data, reference, "per_image_init")}
@@ -406,8 +409,9 @@ def summary(data):
         for name, windows in profile_windows(data).items():
             parts = [f"{w} {ms(m, se)}" for w, (m, se, _) in windows.items()]
             print(f"{name} profile | " + " | ".join(parts))
+        pairs = data.get("paired") or language_paired(data)  # a stopped run has none saved: its finished models
         for when in ["init", "final"]:
-            p = data.get("paired", {}).get(when) or {}
+            p = pairs.get(when) or {}
             for name, d in p.get("models", {}).items():
                 parts = [f"sigma {k}: {paired_text(v)} per seed "
                          + ", ".join(f"{m:+.4f}" for m, _ in v["per_seed"].values()) for k, v in d["diff"].items()]
@@ -600,9 +604,7 @@ def merge(folders, vary=()):
     if script in ("vision", "imagenet"):
         out["paired"] = vision_paired(out)
     elif script == "language":
-        args = out["args"]
-        out["paired"] = language_paired(out, [f"{m}-{a}" if m != "lstm" else m for m in args.get("model", [])
-                                              for a in args.get("attn", ["softmax"])])
+        out["paired"] = language_paired(out)
     return out
 
 

@@ -527,6 +527,7 @@ def test_through_training_means_seeds_at_each_evaluation():
 
 
 def test_language_summary_prints_accuracy_against_majority_and_per_seed_differences(capsys):
+    """The summary of a finished run, and of a stopped one (no "paired" saved yet: computed from its finished runs)."""
     def run(model, seed, per_pair):
         init = {"examples": 0, "sens": per_pair[0], "sens@2": per_pair[0], "majority_share": 1.0}
         return {"model": model, "seed": seed, "history": [init],
@@ -548,6 +549,10 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
     assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds) per seed +0.5000, +0.2500" in out
     assert "lstm sensitivity by examples seen | 0: 0.3750 +- 0.1250" in out
     assert "lstm profile | last 10 0.0300 +- 0.0100\n" in out  # the mean over 10 positions, then over seeds
+    del data["paired"]  # a stopped run's folder (report.py on it): paired here, against the first of its --model
+    data["args"] = {"model": ["roberta", "lstm"], "attn": ["softmax"]}
+    report.summary(data)
+    assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds)" in capsys.readouterr().out
 
 
 def test_by_length_groups_similar_lengths_and_keeps_row_order():
