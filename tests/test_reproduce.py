@@ -359,6 +359,7 @@ def test_gpu_check_runs_the_smoke_pipeline_beside_the_tests(tmp_path):
 # the README's numbers against the claims of the runs behind them
 
 CPU_CLAIMS = os.path.join(ROOT, "tests", "claims_cpu.txt")
+GPU_CLAIMS = os.path.join(ROOT, "tests", "claims_gpu.txt")  # `reproduce.sh gpu`'s: a cell's "On a GPU ..." part
 # the reproduce.sh rows behind each row of the README's claims table, in the table's order
 README_ROWS = [["synthetic"], ["fig12"], ["vision3k"], ["converged"], ["converged"], ["vitsize"], ["datascale"],
                ["mechanism"], ["mnist01"], ["fig4"], ["imagenet"], ["parity"], ["grokking"], ["mrpc", "mrpcglue"],
@@ -412,22 +413,29 @@ NUMBER_ANY = re.compile(r"\d+(?:\.\d+)?")
 PAIR = re.compile(r"([-+]?\d+(?:\.\d+)?) ?\+- ?(\d+(?:\.\d+)?)")  # "0.012 +- 0.003", "0.000+-0.000"
 
 
+def lost_numbers(text, claims):
+    """The numbers and 'mean +- s.e.' pairs of a README cell's text that are not in the claims (found, found_pair)."""
+    text = NOT_A_NUMBER.sub(" ", text)
+    lost = [f"{m} +- {se}" for m, se in PAIR.findall(text) if not found_pair(m, se, claims)]
+    return lost + [n for n in README_NUMBER.findall(PAIR.sub(" ", text)) if not found(n, claims)]
+
+
 def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
     """Each number of the README's claims table (its 'our result' column) is printed by `python report.py --claims` on
     the runs of `bash reproduce.sh cpu` for that row (tests/claims_cpu.txt, written from them), at the README's
-    precision, and each 'mean +- s.e.' of it as one pair there; only the GPU rows lack claims there."""
+    precision, and each 'mean +- s.e.' of it as one pair there; only the GPU rows lack claims there. What a cell says
+    from "On a GPU" on is checked the same way against the runs of `bash reproduce.sh gpu` (tests/claims_gpu.txt)."""
     cells = readme_results()
     assert len(cells) == len(README_ROWS), "a row was added to or removed from the README's table: update README_ROWS"
-    stored = stored_claims(CPU_CLAIMS)
+    stored, gpu = stored_claims(CPU_CLAIMS), stored_claims(GPU_CLAIMS)
     assert {r for rows in README_ROWS for r in rows if r not in stored} == GPU_ONLY
     missing = {}
     for rows, cell in zip(README_ROWS, cells):
         if set(rows) & GPU_ONLY:
             continue
-        claims = "".join(stored[r] for r in rows)
-        text = NOT_A_NUMBER.sub(" ", cell)
-        lost = [f"{m} +- {se}" for m, se in PAIR.findall(text) if not found_pair(m, se, claims)]
-        lost += [n for n in README_NUMBER.findall(PAIR.sub(" ", text)) if not found(n, claims)]
+        cpu_part, _, gpu_part = cell.partition("On a GPU")
+        lost = lost_numbers(cpu_part, "".join(stored[r] for r in rows))
+        lost += [f"{n} (on a GPU)" for n in lost_numbers(gpu_part, "".join(gpu.get(r, "") for r in rows))]
         if lost:
             missing[",".join(rows)] = lost
-    assert not missing, f"README numbers not in tests/claims_cpu.txt: {missing}"
+    assert not missing, f"README numbers not in tests/claims_cpu.txt (or claims_gpu.txt): {missing}"
