@@ -115,6 +115,7 @@ BAD = [
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
     ("vision", ["--schedule", "linear"], "invalid choice: 'linear'"),
     ("synthetic", ["--irrelevant-set", "0"], "--irrelevant-set must be an integer >= 1"),
+    ("synthetic", ["--dim-head", "0"], "--dim-head must be an integer >= 1"),
     ("parity", ["--mlp-dim", "0"], "--mlp-dim must be an integer >= 1"),
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
@@ -137,11 +138,12 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
 DEFAULTS = {
     "vision": dict(optimizer="sgd", batch_size=100, patch_size=4, sens_patch=4,  # [paper]; patch 4 [author code]
                    depth=8, heads=32, dim=64, mlp_dim=512, dropout=0.1, spt_shift="1", mlp_hidden=[512, 128],
-                   sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0]),  # the authors' ViT-small
+                   sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0],  # the authors' ViT-small
+                   reps=1),  # [decided]: one noise draw per (image, patch)
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
                      model=["roberta", "lstm"], attn=["softmax"], task="mrpc",  # the main comparison
-                     n_sens=500, sens_positions=None),  # [decided]: every position of 500 training pairs
+                     n_sens=500, sens_positions=None, reps=1),  # [decided]: every position of 500 pairs, once
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100),  # [author code]
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
@@ -385,8 +387,9 @@ def test_robustness_help_lists_every_flag_it_accepts(capsys):
 
 
 def test_help_shows_every_default(capsys):
-    """Every flag with a value has its default in --help, in every script and in report.py: the text after a flag
-    (up to the next flag) says 'default'. Switches (default off) and flags without a default are exempt."""
+    """Every flag has a help text, and every flag with a value has its default in --help, in every script and in
+    report.py: the text after a flag (up to the next flag) says 'default'. Switches (default off) and flags without a
+    default are exempt from the second."""
     for name, module in SCRIPTS.items():
         p = None
 
@@ -401,6 +404,7 @@ def test_help_shows_every_default(capsys):
                 module.parse_args([])
         text = p.format_help()
         for action in p._actions:
+            assert action.help or not action.option_strings, (name, action.option_strings)
             if not action.option_strings or action.default is None or action.default is False or action.nargs == 0:
                 continue
             flag = action.option_strings[-1]
