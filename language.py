@@ -634,7 +634,7 @@ def main(args):
                 for seed in args.seeds:
                     train_one(name, attn, seed, args, data, len(tok.itos), results)
             # paired against the first model asked for (same pairs, positions and noise for every model)
-            results.data["paired"] = report.language_paired(results.data, [label(m, a) for m, a in jobs])
+            results.data["paired"] = report.language_paired(results.data)
             results.save()
             report.summary(results.data)
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)

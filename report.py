@@ -266,8 +266,8 @@ def through_training(records, x_key="examples", y_key="sens"):
 
 
 def language_paired(data, order=None):
-    """Paired differences against the first model of `order` present (by default the run's --model with its first
-    --attn), at the end and at initialisation."""
+    """Paired differences against the first model of `order` present (by default the run's --model, each with its
+    --attn in turn: roberta-softmax before roberta-relu), at the end and at initialisation."""
     if order is None:
         args = data.get("args", {})
         order = [m if m == "lstm" else f"{m}-{a}" for m in args.get("model", []) for a in args.get("attn", ["softmax"])]
