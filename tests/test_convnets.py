@@ -41,7 +41,8 @@ def test_every_forward_pass_is_its_parts():
     """Residual blocks add their shortcut before the last ReLU (a strided 1x1 convolution where the shape changes);
     a dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds
     its patches with a GELU before the BatchNorm and adds the residual around the depthwise convolution only; the
-    heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet."""
+    heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet, whose stems keep
+    the 32 x 32."""
     torch.manual_seed(0)
     x = torch.randn(2, 64, 8, 8)
 
@@ -70,10 +71,12 @@ def test_every_forward_pass_is_its_parts():
 
         img = torch.randn(2, 3, 32, 32)
         resnet = randomised(ResNet18(channels=3, classes=10))
+        assert resnet.stem(img).shape == (2, 64, 32, 32)  # the stem keeps the resolution (padded, stride 1)
         features = resnet.blocks(resnet.stem(img))
         assert features.shape == (2, 512, 4, 4)
         assert torch.allclose(resnet(img), resnet.head(features.mean((2, 3))), atol=1e-5)
         densenet = randomised(DenseNet121(channels=3, classes=10))
+        assert densenet.features[0](img).shape == (2, 64, 32, 32)
         features = densenet.features(img)
         assert features.shape == (2, 1024, 4, 4)
         pools = [m for m in densenet.features if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))]

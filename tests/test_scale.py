@@ -128,9 +128,10 @@ def test_killed_right_after_the_first_checkpoint_resumes(script, tmp_path, monke
 def test_torchrun_two_processes_match_one(tmp_path):
     """torchrun --nproc_per_node=2 (gloo on this CPU): the global batch is split across the ranks, so training,
     evaluation and the sharded sensitivity give the single process's numbers (loss within 1e-3), and rank 0 alone
-    writes one run folder."""
+    writes one run folder. A batch of 15 splits 8 / 7, so each rank's loss must be weighted by its share for DDP's
+    average to be the batch mean."""
     argv = ["vision.py", "--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "32", "--epochs", "2",
-            "--eval-every", "1", "--n-train", "90", "--n-test", "30", "--n-sens", "20", "--batch-size", "20",
+            "--eval-every", "1", "--n-train", "90", "--n-test", "30", "--n-sens", "20", "--batch-size", "15",
             "--sigma", "2", "--lr", "0.05", "--device", "cpu"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
