@@ -1,5 +1,6 @@
 """Running at scale: --resume after Ctrl-C continues every training script to exactly the numbers of an uninterrupted
-run, and a real two-process torchrun of vision.py (gloo, CPU) gives the single-process numbers in one run folder.
+run, and a real two-process torchrun of vision.py and of language.py (gloo, CPU) gives the single-process numbers in
+one run folder.
 (The estimator's sharding over ranks is checked in test_common.py.)"""
 
 import json
@@ -124,6 +125,21 @@ def test_killed_right_after_the_first_checkpoint_resumes(script, tmp_path, monke
     assert without_time(resumed["runs"]) == without_time(whole["runs"])
 
 
+def one_and_two_processes(argv, tmp_path, run):
+    """The record of `run` after `python *argv` and after torchrun --nproc_per_node=2 of the same (rank 0 alone
+    writes one run folder)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, launch in [("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
+                                                             "--standalone", "--nproc_per_node=2"])]:
+        done = subprocess.run(launch + argv + ["--out-dir", str(tmp_path / name), "--run-name", "r"], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    script = argv[0].removesuffix(".py")
+    assert os.listdir(tmp_path / "two" / script) == ["r"]  # one folder, written by rank 0 alone
+    return [json.loads((tmp_path / n / script / "r" / "metrics.json").read_text())["runs"][run] for n in ["one", "two"]]
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path):
     """torchrun --nproc_per_node=2 (gloo on this CPU): the global batch is split across the ranks, so training,
@@ -133,16 +149,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
     argv = ["vision.py", "--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "32", "--epochs", "2",
             "--eval-every", "1", "--n-train", "90", "--n-test", "30", "--n-sens", "20", "--batch-size", "15",
             "--sigma", "2", "--lr", "0.05", "--device", "cpu"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name, launch in [("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
-                                                             "--standalone", "--nproc_per_node=2"])]:
-        done = subprocess.run(launch + argv + ["--out-dir", str(tmp_path / name), "--run-name", "r"], cwd=root,
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-    assert os.listdir(tmp_path / "two" / "vision") == ["r"]  # one folder, written by rank 0 alone
-    one, two = (json.loads((tmp_path / n / "vision" / "r" / "metrics.json").read_text())["runs"]["mlp/seed0"]
-                for n in ["one", "two"])
+    one, two = one_and_two_processes(argv, tmp_path, "mlp/seed0")
     for a, b in zip(one["history"], two["history"]):
         assert abs(a["train_loss"] - b["train_loss"]) < 1e-3 and abs(a["test_loss"] - b["test_loss"]) < 1e-3
         assert abs(a["train_acc"] - b["train_acc"]) <= 1 / 90 and abs(a["test_acc"] - b["test_acc"]) <= 1 / 30
@@ -151,6 +158,20 @@ def test_torchrun_two_processes_match_one(tmp_path):
     # at initialisation the two models are the same weights: the sharded estimator gives exactly one process's counts
     assert one["history"][0]["sens"] == two["history"][0]["sens"] > 0
     assert one["history"][0]["sens_stderr"] == two["history"][0]["sens_stderr"]
+
+
+@pytest.mark.slow
+def test_language_under_torchrun_matches_one_process(tmp_path):
+    """language.py under torchrun: a batch of 5 splits 3 / 2 across the two ranks, each rank's loss weighted by its
+    share, so training gives the single process's losses (dropout off: its masks are drawn per rank). AdamW ignores a
+    factor common to both ranks, not a misweighted rank: at --lr 1e-2 that shows within a few steps."""
+    argv = ["language.py", "--data-dir", str(write_glue(tmp_path)), "--model", "lstm", "--dim", "16", "--epochs", "2",
+            "--batch-size", "5", "--eval-every", "2", "--n-sens", "4", "--sigma", "2", "--dropout", "0", "--lr", "1e-2",
+            "--device", "cpu"]
+    one, two = one_and_two_processes(argv, tmp_path, "lstm/seed0")
+    assert len(one["history"]) == len(two["history"]) > 2
+    for a, b in zip(one["history"], two["history"]):
+        assert abs(a["train_loss"] - b["train_loss"]) < 1e-4 and a["train_acc"] == b["train_acc"]
 
 
 @pytest.mark.slow
