@@ -265,12 +265,11 @@ def through_training(records, x_key="examples", y_key="sens"):
     return [(x, *over_seeds(v), len(v)) for x, v in sorted(at.items())]
 
 
-def language_paired(data, order=None):
-    """Paired differences against the first model of `order` present (by default the run's --model, each with its
-    --attn in turn: roberta-softmax before roberta-relu), at the end and at initialisation."""
-    if order is None:
-        args = data.get("args", {})
-        order = [m if m == "lstm" else f"{m}-{a}" for m in args.get("model", []) for a in args.get("attn", ["softmax"])]
+def language_paired(data):
+    """Paired differences against the first model of the run's --model present, each with its --attn in turn
+    (roberta-softmax before roberta-relu), at the end and at initialisation."""
+    args = data.get("args", {})
+    order = [m if m == "lstm" else f"{m}-{a}" for m in args.get("model", []) for a in args.get("attn", ["softmax"])]
     present = list(models(data))
     reference = next((m for m in order if m in present), present[0] if present else None)
     return {"final": paired(data, reference, "per_image"), "init": paired(data, reference, "per_image_init")}

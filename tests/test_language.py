@@ -495,7 +495,7 @@ def test_paired_differences_are_against_the_first_model_asked_for():
     def run(per_pair):
         return {"history": [], "final": {"per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
     runs = {"lstm/seed0": run([0.5, 0.25]), "roberta-softmax/seed0": run([0.25, 0.0])}
-    p = report.language_paired({"runs": runs}, ["roberta-softmax", "lstm"])
+    p = report.language_paired({"args": {"model": ["roberta", "lstm"], "attn": ["softmax"]}, "runs": runs})
     assert p["final"]["reference"] == p["init"]["reference"] == "roberta-softmax"
     assert p["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
 
@@ -539,8 +539,9 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
             "lstm/seed0": run("lstm", 0, [0.5, 0.5]), "lstm/seed1": run("lstm", 1, [0.25, 0.25])}
     for seed, last in enumerate([0.2, 0.4]):  # the LSTM's right-aligned profiles: its last token flips 0.2 and 0.4
         runs[f"lstm/seed{seed}"]["final"]["profiles"] = {"right": {"sens": [0.0] * 9 + [last], "pairs": [4] * 10}}
-    data = {"script": "language", "data": {"test_majority": 0.665}, "runs": runs}
-    data["paired"] = report.language_paired(data, ["roberta-softmax", "lstm"])
+    data = {"script": "language", "args": {"model": ["roberta", "lstm"], "attn": ["softmax"]},
+            "data": {"test_majority": 0.665}, "runs": runs}
+    data["paired"] = report.language_paired(data)
     report.summary(data)
     out = capsys.readouterr().out
     assert ("lstm (2 seeds) | train acc 0.925 +- 0.025 | test acc 0.600 +- 0.000 | majority class 0.665 | "
@@ -550,7 +551,6 @@ def test_language_summary_prints_accuracy_against_majority_and_per_seed_differen
     assert "lstm sensitivity by examples seen | 0: 0.3750 +- 0.1250" in out
     assert "lstm profile | last 10 0.0300 +- 0.0100\n" in out  # the mean over 10 positions, then over seeds
     del data["paired"]  # a stopped run's folder (report.py on it): paired here, against the first of its --model
-    data["args"] = {"model": ["roberta", "lstm"], "attn": ["softmax"]}
     report.summary(data)
     assert "final lstm - roberta-softmax | sigma 2: +0.3750 +- 0.1250 (2 seeds)" in capsys.readouterr().out
 
