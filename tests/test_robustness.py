@@ -327,7 +327,7 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
     """[0, 1] float images (a torchvision ToTensor batch) give the same accuracies as their uint8 bytes, and floats a
     hair below a byte are read as that byte; one image alone is corrupted too; a model with no parameters runs; bad
     names, severities, sizes, labels, normalisations and NaN outputs are refused with a message naming what is
-    wrong."""
+    wrong, and bad arguments before the model runs."""
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (40, 3, 32, 32), generator=g, dtype=torch.uint8)
     labels = torch.randint(0, 2, (40,), generator=g)
@@ -347,7 +347,9 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
     assert c["clean_acc"] == pytest.approx((labels == 0).sum().item() / 40)
     bad = [(dict(corruptions="gaussian_noise"), TypeError, "corruptions must be a list of names"),
            (dict(corruptions=["rain"]), ValueError, "unknown corruption 'rain'"),
+           (dict(corruptions=["contrast", "rain"]), ValueError, "unknown corruption 'rain'"),
            (dict(severities=[0]), ValueError, "severity must be one of 1, 2, 3, 4, 5, got 0"),
+           (dict(severities=[1, 6]), ValueError, "got 6"),
            (dict(severities=[-1]), ValueError, "got -1"), (dict(severities=[6]), ValueError, "got 6"),
            (dict(n=-1), ValueError, "n must be None (all) or a number of images >= 1, got -1"),
            (dict(n=0), ValueError, "n must be None (all) or a number of images >= 1, got 0"),
@@ -355,11 +357,15 @@ def test_evaluate_corruptions_reads_float_images_and_refuses_what_it_cannot_use(
            (dict(images=images.float()), ValueError, "float images must lie in [0, 1]"),
            (dict(corruptions=["frost"]), FileNotFoundError, "in frost_dir= (--frost-dir); no folder was given; or "
             "leave 'frost' out of corruptions= (the default leaves it out without frost_dir=)")]
+    calls = []  # each is refused before any work: the model never runs
+    counted = net.register_forward_hook(lambda *_: calls.append(1))
     for extra, error, message in bad:
         args = {"images": images, "labels": labels, **kw, **extra}
         with pytest.raises(error) as e:
             R.evaluate_corruptions(net, args.pop("images"), args.pop("labels"), **args)
         assert message in str(e.value), (extra, str(e.value))
+        assert not calls, extra
+    counted.remove()
     with pytest.raises(ValueError, match="needs the clean images to corrupt, or cifar10c_dir"):
         R.evaluate_corruptions(net, **kw)
     nan = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
