@@ -386,22 +386,40 @@ def test_robustness_help_lists_every_flag_it_accepts(capsys):
             assert "unrecognized" not in str(e) and e.code == 2 or e.code == 0, flag
 
 
+def parser_of(module):
+    """The ArgumentParser that module.parse_args builds, caught before it parses."""
+    p = None
+
+    def grab(parser, *a, **k):
+        nonlocal p
+        p = parser
+        raise SystemExit(0)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ArgumentParser, "parse_args", grab)
+        with pytest.raises(SystemExit):
+            module.parse_args([])
+    return p
+
+
+def test_every_number_flag_checks_its_values():
+    """A flag whose default is a number has a type that reads and checks the text it is given (not argparse's
+    str), and that type accepts the default itself: `--reps 0` is refused in every script, not read as '0'."""
+    for name, module in SCRIPTS.items():
+        for action in parser_of(module)._actions:
+            defaults = action.default if isinstance(action.default, list) else [action.default]
+            if not action.option_strings or not defaults or not all(type(d) in (int, float) for d in defaults):
+                continue
+            assert action.type is not None, (name, action.option_strings)
+            assert [action.type(str(d)) for d in defaults] == defaults, (name, action.option_strings)
+
+
 def test_help_shows_every_default(capsys):
     """Every flag has a help text, and every flag with a value has its default in --help, in every script and in
     report.py: the text after a flag (up to the next flag) says 'default'. Switches (default off) and flags without a
     default are exempt from the second."""
     for name, module in SCRIPTS.items():
-        p = None
-
-        def grab(parser, *a, **k):
-            nonlocal p
-            p = parser
-            raise SystemExit(0)
-
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(ArgumentParser, "parse_args", grab)
-            with pytest.raises(SystemExit):
-                module.parse_args([])
+        p = parser_of(module)
         text = p.format_help()
         for action in p._actions:
             assert action.help or not action.option_strings, (name, action.option_strings)
