@@ -19,6 +19,7 @@ import pickle
 import platform
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -375,13 +376,17 @@ def write_json(path, obj, replace=True):
 
 def torchvision_dataset(cls, root, files, **kw):
     """cls(root, download=True, **kw): a torchvision dataset, downloaded when missing. Offline, a FileNotFoundError
-    names the files to provide (`files`); a file that is present but damaged gets a ValueError naming it."""
+    names the files to provide (`files`), and a --data-dir that this call made (a mistyped one, say) is removed again
+    while it holds no file; a file that is present but damaged gets a ValueError naming it."""
     if os.path.exists(root) and not os.path.isdir(root):
         raise ValueError(f"--data-dir {root} is a file, not a folder")
+    made = not os.path.exists(root)
     try:
         with one_at_a_time(root):  # seeds started side by side: the first extracts, the others wait, then read
             return cls(root=root, download=True, **kw)
     except Exception as e:  # offline, or a corrupt file: one clear message instead of a traceback
+        if made and all(names in ([], [".lock"]) for _, _, names in os.walk(root)):  # only our lock and empty folders
+            shutil.rmtree(root, ignore_errors=True)
         bad = corrupt_file(cls, root)
         if bad:
             raise ValueError(f"{bad[0]} is present but unreadable: {bad[1]}. Replace it with a good copy, or delete "

@@ -232,11 +232,15 @@ def test_a_damaged_cifar10_or_svhn_file_is_named(tmp_path):
 
 def test_a_dataset_that_cannot_load_is_named_with_the_first_line_of_its_error(tmp_path):
     """torchvision's error (a download that failed, here) is given by its type and first line, with where to put the
-    files."""
+    files. A --data-dir that the failed call made is removed again, unless a file was written into it; one that was
+    there before stays."""
     class Offline:
         resources = []  # (as MNIST's: no damaged file among them)
 
         def __init__(self, root, download):
+            os.makedirs(os.path.join(root, "Offline", "raw"), exist_ok=True)  # as torchvision's download does
+            if root.endswith("partial"):
+                open(os.path.join(root, "Offline", "raw", "images.gz.part"), "w").close()
             raise RuntimeError("Error downloading images.gz\n<a long traceback>")
 
     with pytest.raises(FileNotFoundError) as e:
@@ -244,6 +248,11 @@ def test_a_dataset_that_cannot_load_is_named_with_the_first_line_of_its_error(tm
     assert str(e.value) == (f"cannot load Offline from {tmp_path} (RuntimeError: Error downloading images.gz). Without "
                             "a network, put images.gz under that folder (or pass --data-dir), and torchvision will use "
                             "them")
+    assert (tmp_path / "Offline" / "raw").is_dir()  # a folder that was there is left as the download left it
+    for name, kept in [("typo", False), ("partial", True)]:
+        with pytest.raises(FileNotFoundError, match="put images.gz under that folder"):
+            torchvision_dataset(Offline, str(tmp_path / name), "images.gz")
+        assert (tmp_path / name).exists() == kept, name
 
 
 def test_seeds_started_together_extract_a_dataset_one_at_a_time(tmp_path):
