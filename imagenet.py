@@ -24,7 +24,7 @@ SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep, as vision.py's
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("models and data")
-    g.add_argument("--model", nargs="+", default=MODELS, choices=MODELS, help="torchvision ImageNet models")
+    g.add_argument("--model", type=str, nargs="+", default=MODELS, choices=MODELS, help="torchvision ImageNet models")
     g.add_argument("--imagenet-dir", type=str, default=None, help="an ImageFolder of images (e.g. ImageNet train); "
                    "required")  # (not required=True: --resume FOLDER takes it from the folder's saved flags)
     g.add_argument("--random-weights", action="store_true", help="the models without their weights (no download)")
@@ -33,8 +33,9 @@ def parse_args(argv=None):
     g.add_argument("--sigma", type=nonnegative_float, nargs="+", default=[0.1], help="noise std(s) on the normalised "
                    "pixels; the first is the headline")
     g.add_argument("--sweep", action="store_true", help=f"also measure at sigma in {SWEEP}")
-    g.add_argument("--mask", nargs="+", default=["patch"], choices=["patch", "global"], help="patch: one 16 x 16 "
-                   "patch at a time (Def. 4.1); global: the whole image at once with std sigma/sqrt(196) (App. A.2)")
+    g.add_argument("--mask", type=str, nargs="+", default=["patch"], choices=["patch", "global"],
+                   help="patch: one 16 x 16 patch at a time (Def. 4.1); global: the whole image at once with std "
+                   "sigma/sqrt(196) (App. A.2)")
     g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise (the same for every model: paired)")
     g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (image, patch)")
     g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many of the 196 patches "

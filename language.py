@@ -59,9 +59,9 @@ def parse_args(argv=None):
                    "specials)")
     g.add_argument("--max-len", type=int, default=128, help="tokens per encoded pair, specials included (>= 8)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"],
+    g.add_argument("--model", type=str, nargs="+", default=["roberta", "lstm"], choices=["roberta", "gpt2", "lstm"],
                    help="in turn; RoBERTa with each --attn")
-    g.add_argument("--attn", nargs="+", default=["softmax"], choices=["softmax", "relu"],
+    g.add_argument("--attn", type=str, nargs="+", default=["softmax"], choices=["softmax", "relu"],
                    help="attention of the transformers: softmax, or relu(scores) in place of softmax")
     g.add_argument("--depth", type=positive_int, default=4, help="layers of every model [author code]")
     g.add_argument("--dim", type=positive_int, default=256, help="embedding / hidden width [author code]")
@@ -94,9 +94,9 @@ def parse_args(argv=None):
     g.add_argument("--sens-during", type=str, default="every", choices=["every", "needed"], help="every --sigma at "
                    "every evaluation, or (needed) at initialisation and the end, with the first sigma alone between "
                    "(its curve is Fig. 7's; the paired differences are read at the two ends)")
-    g.add_argument("--align", nargs="+", default=["right"], choices=["right", "left"], help="per-position profile "
-                   "counted from the end (right, as the paper) or from the start; the first through training, every "
-                   "one on the final models")
+    g.add_argument("--align", type=str, nargs="+", default=["right"], choices=["right", "left"],
+                   help="per-position profile counted from the end (right, as the paper) or from the start; the "
+                   "first through training, every one on the final models")
     add_run_flags(p, unit="steps", default_name="<task>-<models>")
     args = parse(p, "language", argv)
     if args.split is None:  # a folder written before --split existed ran on GLUE's split

@@ -200,7 +200,7 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     vision.add_flags(p)  # every flag of vision.py's models, data, training and sensitivity
     g = p.add_argument_group("robustness")
-    g.add_argument("--variants", nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
+    g.add_argument("--variants", type=str, nargs="+", default=["vanilla"], choices=["vanilla", "augment", "reg"],
                    help="training variants, each applied to every --model")
     g.add_argument("--paper-fig9", action="store_true", help="the paper's six models of Fig. 9: resnet18, "
                    "densenet121, vit, vit-simple, vit + augment, vit + reg (instead of --model and --variants)")

@@ -44,7 +44,7 @@ FIG12 = {
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("experiment")
-    g.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
+    g.add_argument("--case", type=str, nargs="+", default=list(CASES), choices=list(CASES), help="presets to run")
     g.add_argument("--fig12", action="store_true", help="also run the 3 extra settings per case of Fig. 12")
     g.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2], help="initialisation/order seeds")
     g = p.add_argument_group("data (sizes the presets do not set)")

@@ -102,7 +102,7 @@ def add_flags(p):
     g.add_argument("--sigma", type=nonnegative_float, nargs="+", default=[0.1], help="noise std(s) on the [-1, 1] "
                    "pixels; the first is the headline [author code: 0.1]")
     g.add_argument("--sweep", action="store_true", help=f"also measure every final model at sigma in {SWEEP} (Fig. 17)")
-    g.add_argument("--mask", nargs="+", default=["patch"], choices=["patch", "scattered", "global"],
+    g.add_argument("--mask", type=str, nargs="+", default=["patch"], choices=["patch", "scattered", "global"],
                    help="patch: one patch of the grid at a time (Def. 4.1); scattered: p^2 random pixels shared by a "
                    "batch (the authors' released estimator); global: the whole image, std sigma/sqrt(T) (App. A.2)")
     g.add_argument("--sens-patch", type=positive_int, default=None, help="patch grid (default: --patch-size)")
