@@ -431,6 +431,7 @@ def test_help_shows_every_default(capsys):
     default are exempt from the second."""
     for name, module in SCRIPTS.items():
         p = parser_of(module)
+        assert p.description == module.__doc__, name  # --help opens with the script's docstring: its commands
         text = p.format_help()
         for action in p._actions:
             assert action.help or not action.option_strings, (name, action.option_strings)

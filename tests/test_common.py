@@ -54,6 +54,16 @@ def test_sparse_parity_has_boolean_sensitivity_k(n, bits):
     assert torch.equal(s.per_input, torch.full((64,), len(bits) / n))
 
 
+def test_gaussian_noise_is_drawn_in_the_tokens_dtype():
+    """The perturbed tokens keep their dtype (a bfloat16 model gets bfloat16 copies, not float32 ones), and the noise
+    has std sigma in each dtype."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        out = gaussian(2.0)(torch.ones(20000, 4, dtype=dtype), g)
+        assert out.dtype == dtype
+        assert abs(out.double().std().item() - 2.0) < 0.05 and abs(out.double().mean().item() - 1) < 0.05
+
+
 def test_constant_model_has_zero_sensitivity():
     x = torch.randn(40, 5, 4)
     s = sensitivity(lambda xb, idx: torch.ones(len(xb), 3), x, gaussian(10.0), reps=3)
