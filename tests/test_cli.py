@@ -143,7 +143,8 @@ DEFAULTS = {
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
                      model=["roberta", "lstm"], attn=["softmax"], task="mrpc",  # the main comparison
-                     n_sens=500, sens_positions=None, reps=1),  # [decided]: every position of 500 pairs, once
+                     n_sens=500, sens_positions=None, reps=1,  # [decided]: every position of 500 pairs, once
+                     epochs=10),  # [decided]: the mrpc row's 10 passes over the pairs
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100),  # [author code]
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]

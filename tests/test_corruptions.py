@@ -384,7 +384,7 @@ def test_chamfer_distance_and_canny_thresholds_at_their_edges():
     """The distance to one edge pixel is 1 per straight step and 1.4 per diagonal one (OpenCV's 5x5 chamfer),
     truncated at cap; Canny keeps a weak edge pixel only above `low`, not at it: a step whose gradient is exactly low
     (4 x its height, Sobel's weights 1 + 2 + 1) stops the edge grown from a strong step above it, and a step whose
-    gradient is the release's `high` (150) starts none."""
+    gradient is the release's `high` (150) starts none, and at the release's `low` (50) the default stops there too."""
     e = torch.zeros(1, 1, 40, 40, dtype=torch.bool)
     e[0, 0, 0, 0] = True
     d = C.edge_distance(e, cap=20)[0, 0]
@@ -395,6 +395,9 @@ def test_chamfer_distance_and_canny_thresholds_at_their_edges():
     v[..., :16, 16:], v[..., 16:, 16:] = 100, 10  # a strong step in the upper half, one of gradient 40 below
     lower = (slice(None), slice(None), slice(18, None), 15)  # below the rows where the steps meet
     assert not C.canny(v, low=40, high=150)[lower].any() and C.canny(v, low=39, high=150)[lower].all()
+    for height, kept in [(12.5, False), (12.625, True)]:  # gradients 50 and 50.5 about the release's low, 50
+        v[..., 16:, 16:] = height
+        assert C.canny(v)[lower].all() == kept and C.canny(v)[lower].any() == kept, height
     step = lambda h: torch.zeros(1, 1, 32, 32).index_fill_(3, torch.arange(16, 32), h)  # noqa: E731
     assert not C.canny(step(37.5)).any() and C.canny(step(37.625))[0, 0, :, 15].all()  # the release's high, 150
 
