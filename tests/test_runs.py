@@ -147,6 +147,21 @@ def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
         restore(cuda, model, opt, [gen])  # a GPU run's checkpoint resumed with --device cpu
 
 
+def test_a_snapshot_puts_back_the_cuda_generators_on_a_gpu(monkeypatch):
+    """On a GPU, restore() puts back the CUDA generators' states too, each as a CPU tensor (the form torch takes);
+    the GPU is faked here, so that the suite checks it without one."""
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    snap = snapshot(1, model, opt)
+    states = [torch.arange(16, dtype=torch.uint8), torch.ones(16, dtype=torch.uint8)]  # two GPUs' states
+    put = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: put.append(list(s)))
+    assert restore(dict(snap, rng=dict(snap["rng"], cuda=states)), model, opt) == 1
+    assert len(put) == 1 and len(put[0]) == 2
+    assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(put[0], states))
+
+
 def test_divergence_rule(tmp_path, capsys):
     """Non-finite, or over 100x the run's first loss (at least 1), is diverged: marked in metrics.json with its step,
     a non-finite loss written as null; a finite loss below the limit is not. A diverged run counts as finished, and
