@@ -480,6 +480,25 @@ def test_another_ranks_noise_and_the_note_on_a_mean_without_frost(tmp_path, monk
     assert args.variants == ["vanilla", "augment", "reg"]
 
 
+def test_the_note_on_the_mean_names_what_is_missing_and_is_not_printed_with_all_15(tmp_path, monkeypatch, capsys):
+    """With --frost-dir all 15 standard corruptions are measured, and no note is printed; with a chosen few that
+    include frost the note gives their number without blaming frost's textures. (Stopped before training.)"""
+    from test_corruptions import write_frost_textures
+
+    frost = write_frost_textures(tmp_path)
+
+    def stop(*a):  # the first training job: the note has been printed by then
+        raise InterruptedError
+
+    monkeypatch.setattr(R, "make_loss", stop)
+    for more, note in [([], ""), (["--corruptions", "frost", "fog", "snow"], "note: mean_corruption_acc is over 3 "
+                                  "of the 15 standard corruptions\n")]:
+        with pytest.raises(InterruptedError):
+            R.main(R.parse_args(small_run(tmp_path, "--frost-dir", frost, *more)))
+        out = capsys.readouterr().out
+        assert "".join(line + "\n" for line in out.splitlines() if line.startswith("note:")) == note, out
+
+
 def test_a_run_stopped_while_it_is_measured_is_measured_on_resume(tmp_path, monkeypatch):
     """Ctrl-C while a trained model's corruptions are measured: its final record holds training's numbers alone, and
     --resume measures it (corruption accuracy and sharpness) instead of counting it finished."""
