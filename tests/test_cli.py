@@ -139,6 +139,7 @@ DEFAULTS = {
     "vision": dict(optimizer="sgd", batch_size=100, patch_size=4, sens_patch=4,  # [paper]; patch 4 [author code]
                    depth=8, heads=32, dim=64, mlp_dim=512, dropout=0.1, spt_shift="1", mlp_hidden=[512, 128],
                    sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0],  # the authors' ViT-small
+                   dim_head=64, epochs=50, eval_every=5,  # [author code]
                    reps=1),  # [decided]: one noise draw per (image, patch)
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
