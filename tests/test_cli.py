@@ -158,11 +158,16 @@ DEFAULTS = {
 
 def test_defaults_are_the_papers_and_the_authors_settings():
     """With no flags each script runs the settings SETTINGS.md gives (the paper's, else the authors' code's, else
-    ours), and vision.py's per-model learning rates are the paper's (App. D)."""
-    for name, expected in DEFAULTS.items():
-        args = vars(SCRIPTS[name].parse_args([]))
+    ours), and vision.py's per-model learning rates are the paper's (App. D). Every flag whose help cites the paper or
+    the authors' code is pinned here (robustness.py's shared ones with vision.py's, which it must keep)."""
+    for name, module in SCRIPTS.items():
+        expected = {**(DEFAULTS["vision"] if name == "robustness" else {}), **DEFAULTS.get(name, {})}
+        args = vars(module.parse_args([])) if expected else {}
         for flag, value in expected.items():
             assert args[flag] == (pytest.approx(value) if isinstance(value, (float, list)) else value), (name, flag)
+        for action in parser_of(module)._actions:
+            if action.help and ("[paper]" in action.help or "[author code]" in action.help):
+                assert action.dest in expected, (name, action.dest)
     assert vision.LR == {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "densenet121": 0.005,
                          "mlp": 0.1, "mlp-sigmoid": 0.5, "cnn": 0.005} and vision.LR_MNIST01 == 0.01
 
