@@ -109,7 +109,6 @@ def test_zero_strength_leaves_the_image_unchanged(name, identity):
     assert torch.allclose(y, x, atol=1e-5), (y - x).abs().max()
 
 
-
 def test_spatters_liquid_above_255_wraps_around_as_np_uint8(monkeypatch):
     """The 8-bit liquid layer that water() reads: a liquid of 1.5 is 382 grey levels, which np.uint8 stores as 126
     (on x86, 382 mod 256), and 256 wraps to 0; below 256 nothing changes."""
