@@ -152,7 +152,8 @@ DEFAULTS = {
                        augment_std=0.1, n_sharp=2000),
     "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
                       seeds=[0, 1, 2]),  # the suggested sizes; batch 100 [paper]
-    "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000),  # [decided]; the parity row's test set
+    "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000,  # [decided]; the parity row's test set
+                   eval_every=200, n_sens=1000),  # [decided]
 }
 
 
