@@ -401,6 +401,16 @@ def test_chamfer_distance_and_canny_thresholds_at_their_edges():
     assert not C.canny(step(37.5)).any() and C.canny(step(37.625))[0, 0, :, 15].all()  # the release's high, 150
 
 
+def test_equalize_is_opencvs_equalizehist():
+    """equalizeHist's map, (cdf - cdf of the darkest value) * 255 / (pixels - that count), by hand on four pixels
+    (three above the darkest: steps of 85) and on two images of one batch at once; an image of one value stays."""
+    v = torch.tensor([[5.0, 50], [90, 200]]).view(1, 1, 2, 2)
+    assert C.equalize(v).flatten().tolist() == [0, 85, 170, 255]
+    w = torch.tensor([[7.0, 7], [7, 30]]).view(1, 1, 2, 2)  # three of the darkest: the one above goes to 255
+    both = C.equalize(torch.cat([v, w, torch.full_like(v, 42)]))
+    assert both.flatten().tolist() == [0, 85, 170, 255, 0, 0, 0, 255, 42, 42, 42, 42]
+
+
 def test_frost_textures_are_scaled_and_a_bad_file_or_no_folder_is_refused(tmp_path, monkeypatch):
     """Each texture is read at 0.2 of its size (as the generator's resize); an unreadable texture is a ValueError
     naming it; without frost_dir= nothing is read from the working folder, even where the textures lie there."""
