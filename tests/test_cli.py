@@ -147,11 +147,12 @@ DEFAULTS = {
                      n_sens=500, sens_positions=None, reps=1,  # [decided]: every position of 500 pairs, once
                      epochs=10),  # [decided]: the mrpc row's 10 passes over the pairs
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
-                     sigma=0.1, eval_every=100),  # [author code]
+                     sigma=0.1, eval_every=100,  # [author code]
+                     reps=2),  # [decided]: two noise draws per (training pair, position)
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
                        augment_std=0.1, n_sharp=2000),
     "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
-                      seeds=[0, 1, 2]),  # the suggested sizes; batch 100 [paper]
+                      seeds=[0, 1, 2], reps=2),  # the suggested sizes; batch 100 [paper]; two replacements
     "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000,  # [decided]; the parity row's test set
                    eval_every=200, n_sens=1000),  # [decided]
 }
