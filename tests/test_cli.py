@@ -140,21 +140,22 @@ DEFAULTS = {
                    depth=8, heads=32, dim=64, mlp_dim=512, dropout=0.1, spt_shift="1", mlp_hidden=[512, 128],
                    sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0],  # the authors' ViT-small
                    dim_head=64, epochs=50, eval_every=5,  # [author code]
+                   model=["vit"], dataset="cifar10", weight_decay=0.0, mask=["patch"], n_sens=500, data_seed=0,
                    reps=1),  # [decided]: one noise draw per (image, patch)
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
                      model=["roberta", "lstm"], attn=["softmax"], task="mrpc",  # the main comparison
                      n_sens=500, sens_positions=None, reps=1,  # [decided]: every position of 500 pairs, once
-                     epochs=10),  # [decided]: the mrpc row's 10 passes over the pairs
+                     epochs=10, eval_every=625, vocab_size=10000, seeds=[0], sens_seed=0),  # [decided]
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100,  # [author code]
-                     reps=2),  # [decided]: two noise draws per (training pair, position)
+                     reps=2, data_seed=598, seeds=[0]),  # [decided]: two noise draws per (pair, position)
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
                        augment_std=0.1, n_sharp=2000),
     "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
                       seeds=[0, 1, 2], reps=2),  # the suggested sizes; batch 100 [paper]; two replacements
     "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000,  # [decided]; the parity row's test set
-                   eval_every=200, n_sens=1000),  # [decided]
+                   eval_every=200, n_sens=1000, setting=1, depth=2, heads=4, data_seed=1234),  # [decided]
 }
 
 
