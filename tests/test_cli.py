@@ -153,7 +153,9 @@ DEFAULTS = {
     "robustness": dict(reg=0.5, reg_std=1.0, sharp_std=0.05, sharp_reps=5, severities=[1, 2, 3, 4, 5],  # [author code]
                        augment_std=0.1, n_sharp=2000),
     "synthetic": dict(n=20, sparse_set=2, frequent_set=10, irrelevant_set=20, batch_size=100, init_std=0.1,
-                      seeds=[0, 1, 2], reps=2),  # the suggested sizes; batch 100 [paper]; two replacements
+                      seeds=[0, 1, 2], reps=2,  # the suggested sizes; batch 100 [paper]; two replacements
+                      n_train=4000, n_test=2000, n_sens=1000, data_seed=1234, dim_head=16, lr=0.5, steps=2000,
+                      eval_every=50),  # [decided]
     "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000,  # [decided]; the parity row's test set
                    eval_every=200, n_sens=1000, setting=1, depth=2, heads=4, data_seed=1234),  # [decided]
 }
