@@ -120,6 +120,8 @@ BAD = [
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
     ("language", ["--sens-positions", "0"], "--sens-positions must be an integer >= 1"),
+    ("language", ["--sens-during", "never"], "invalid choice: 'never'"),
+    ("vision", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),

@@ -206,12 +206,12 @@ def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
     assert glue == {"split": "glue", "n_train": 8, "n_test": 4, "test_majority": 0.75}  # the majority class is 0
 
 
-def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch):
+def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch, capsys):
     """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is
     an error naming the flag; the fake task is 400 training and 100 test pairs, none shared, of 50 words, labelled by
     whether the second sentence starts with the first one's first word; the paired differences reach metrics.json on
-    disk. Its progress lines count epochs of 13 steps (400 pairs, 32 a step), and name the README's MRPC protocol
-    where a run is over an hour on a CPU."""
+    disk and the summary is printed at the end. Its progress lines count epochs of 13 steps (400 pairs, 32 a step),
+    and name the README's MRPC protocol where a run is over an hour on a CPU."""
     asked, made = [], []
     real = runs.Results.progress
     monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: made.append(kw) or real(self, *a, **kw))
@@ -238,7 +238,10 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
         assert 3 <= len(a.split()) <= 11 and 3 <= len(b.split()) <= 10 and set(a.split() + b.split()) <= vocab
         assert (a.split()[0] == b.split()[0]) == y
     assert {len(a.split()) for a, _, _ in train} == set(range(3, 12))
+    capsys.readouterr()
     data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
+    out = capsys.readouterr().out
+    assert "\nlstm (1 seed) | train acc " in out and "\nfinal gpt2-softmax - lstm | sigma 3.87298: " in out, out
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)
     assert made == [{"per_epoch": 13, "hint": language.CPU_SIZE}] * 2  # lstm, gpt2

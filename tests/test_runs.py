@@ -725,6 +725,7 @@ def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     assert out["correlation_sens_vs_corruption_acc"] == {"pearson_r": pytest.approx(-1.0), "points": 3}
     printed = capsys.readouterr().out
     assert "a (2 seeds) | sens 0.2000 +- 0.1000" in printed and "b (1 seed) | sens 0.5000 |" in printed
+    assert "sensitivity vs mean corruption accuracy over 3 models and seeds: Pearson r = -1.000" in printed
     flat = {"script": "robustness", "runs": dict(robustness_run("a", s, 0.25, a) for s, a in enumerate([.9, .7, .5]))}
     assert report.robustness_summary(flat)["correlation_sens_vs_corruption_acc"] == {"pearson_r": None, "points": 3}
     assert "Pearson r = undefined (one of them is constant)" in capsys.readouterr().out

@@ -197,12 +197,15 @@ def test_learning_rates_per_model():
 
 
 @pytest.mark.slow
-def test_end_to_end_on_fake_data(tmp_path):
-    """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures."""
+def test_end_to_end_on_fake_data(tmp_path, capsys):
+    """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures,
+    and the summary printed at the end."""
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
     returned = vision.main(vision.parse_args(argv))
+    out = capsys.readouterr().out
+    assert "\nvit (2 seeds) | train acc " in out and "\nmlp - vit | patch:0.1 " in out, out
     folder = tmp_path / "vision" / "t"
     data = json.loads((folder / "metrics.json").read_text())
     assert set(data["runs"]) == {"vit/seed0", "vit/seed1", "mlp/seed0", "mlp/seed1"}
