@@ -15,6 +15,7 @@ from common import patchify
 from conftest import spy
 import robustness as R
 from runs import write_json
+from test_corruptions import write_frost_textures
 import vision
 
 
@@ -483,8 +484,6 @@ def test_another_ranks_noise_and_the_note_on_a_mean_without_frost(tmp_path, monk
 def test_the_note_on_the_mean_names_what_is_missing_and_is_not_printed_with_all_15(tmp_path, monkeypatch, capsys):
     """With --frost-dir all 15 standard corruptions are measured, and no note is printed; with a chosen few that
     include frost the note gives their number without blaming frost's textures. (Stopped before training.)"""
-    from test_corruptions import write_frost_textures
-
     frost = write_frost_textures(tmp_path)
 
     def stop(*a):  # the first training job: the note has been printed by then
