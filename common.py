@@ -233,10 +233,10 @@ def sensitivity_counts(f, x, perturb, *, mask=None, reps=1, positions=None, batc
 
 def summarise(flips, trials, evaluations):
     """Sensitivity from (N, T) flip and trial counts."""
-    flips, trials = flips.double().cpu(), trials.double().cpu()  # float64: exact counts, exact rates
-    N = len(flips)
-    per_input = flips.sum(1) / trials.sum(1)  # each input's flip rate over its own (valid) positions
-    per_position = flips.sum(0) / trials.sum(0)  # 0/0 = NaN where never valid
+    flips, trials = flips.double(), trials.double()  # float64: exact counts, exact rates, reduced on their device
+    N = len(flips)  # (copying the N*T counts to the host took 13 of an H200's 17 ms at N*T = 10^6, no model)
+    per_input = (flips.sum(1) / trials.sum(1)).cpu()  # each input's flip rate over its own (valid) positions
+    per_position = (flips.sum(0) / trials.sum(0)).cpu()  # 0/0 = NaN where never valid
     stderr = per_input.std().item() / math.sqrt(N) if N > 1 else float("nan")
     return Sensitivity(per_input.mean().item(), stderr, per_position.float(), per_input.float(), evaluations)
 

@@ -1,7 +1,7 @@
 """GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains
 in bf16 and still measures in float32, --compile with the default (inductor) backend runs, bench.py times the levers
 of the paper-size ViT, a run stopped on the GPU resumes there, and the CIFAR-10-C corruptions on the GPU equal the
-release as on the CPU."""
+release as on the CPU; summarise gives the CPU's numbers from counts on the GPU."""
 
 import math
 
@@ -12,7 +12,7 @@ import bench
 import corruptions
 import robustness
 import vision
-from common import gaussian, patchify, sensitivity, unpatchify
+from common import gaussian, patchify, sensitivity, summarise, unpatchify
 from test_corruptions import DETERMINISTIC, REPLAYED, check_against_the_release, smooth_images, write_frost_textures
 from test_scale import RUNS, whole_and_resumed
 
@@ -114,3 +114,18 @@ def test_corruption_accuracy_of_a_normalized_model_on_the_gpu():
     images, labels = smooth_images(20, 1, 28), torch.randint(10, (20,))
     out = robustness.evaluate_corruptions(wrapped, images, labels, corruptions=["contrast"], severities=(1,))
     assert 0 <= out["clean_acc"] <= 1 and 0 <= out["corruption_acc"]["contrast"]["1"] <= 1
+
+
+def test_summarise_gives_the_cpu_numbers_from_counts_on_the_gpu():
+    """summarise reduces the counts on their device and copies only the sums: bit for bit the numbers of the same
+    counts on the CPU, a profile on the CPU, and NaN where a position was never valid."""
+    g = torch.Generator().manual_seed(0)
+    trials = torch.randint(1, 5, (500, 49), generator=g)
+    trials[:, -3:] = 0  # three positions no input has
+    flips = torch.minimum(torch.randint(0, 5, (500, 49), generator=g), trials)
+    cpu, gpu = summarise(flips, trials, 7), summarise(flips.cuda(), trials.cuda(), 7)
+    assert (gpu.mean, gpu.stderr, gpu.evaluations) == (cpu.mean, cpu.stderr, 7) and 0 < cpu.mean < 1
+    for a, b in [(gpu.per_input, cpu.per_input), (gpu.per_position, cpu.per_position)]:
+        assert a.device.type == "cpu"
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert gpu.per_position[-3:].isnan().all() and not gpu.per_position[:-3].isnan().any()
