@@ -117,7 +117,7 @@ def test_corruption_accuracy_of_a_normalized_model_on_the_gpu():
 
 
 def test_summarise_gives_the_cpu_numbers_from_counts_on_the_gpu():
-    """summarise reduces the counts on their device and copies only the sums: bit for bit the numbers of the same
+    """summarise reduces the counts on their device and copies only the rates: bit for bit the numbers of the same
     counts on the CPU, a profile on the CPU, and NaN where a position was never valid."""
     g = torch.Generator().manual_seed(0)
     trials = torch.randint(1, 5, (500, 49), generator=g)
