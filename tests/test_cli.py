@@ -72,6 +72,7 @@ BAD = [
     ("robustness", ["--from-vision", "x", "--variants", "reg"], "--from-vision evaluates the models vision.py saved"),
     ("robustness", ["--from-vision", "x", "--paper-fig9"], "as they were trained: drop --variants and --paper-fig9"),
     ("robustness", ["--from-vision", "/no/such/run"], "/no/such/run: no results file at /no/such/run"),
+    ("robustness", ["--corruptions", "frost", "--frost-dir", "/no/frost"], "; or leave frost out of --corruptions"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
     ("synthetic", ["--n-train", "1000000000"], "would take over 4 GB to evaluate"),
     ("synthetic", ["--n-train", "1e9"], "--n-train must be an integer >= 1, got '1e9'"),

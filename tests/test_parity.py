@@ -94,6 +94,7 @@ def test_the_exact_value_up_to_16_bits_and_the_time_of_each_evaluation(tmp_path,
     assert "\nsetting1/seed0: count " in out and "\nsetting1 (1 seed) | count " in out
     lines = [line for line in out.splitlines() if line.startswith("setting1/seed0 step ")]  # one per evaluation
     assert len(lines) == len(times) and all(" | sens count " in line for line in lines)
+    assert "\nwrote " in out and "parity.png" in out  # the figure's path, after the summary
 
 
 def test_bad_arguments():

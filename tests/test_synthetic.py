@@ -132,12 +132,12 @@ def test_end_to_end(tmp_path):
     assert os.path.getsize(folder / "synthetic.png") > 10_000
 
 
-def test_training_and_its_measurements_replay_by_hand(tmp_path):
+def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys):
     """Two SGD steps of one run, replayed here from the flags: the same minibatches (the order generator seeded
     with --seeds), the mean logistic loss, fresh gradients each step, so the same training loss at steps 1 and 2;
     the model's sensitivity with --reps and the seed 10,000 + seed at every evaluation, the two candidate functions'
     with --reps and the seed itself. A sum in place of the mean, a missing zero_grad or another seed or reps fails.
-    Each evaluation records its time since the run started."""
+    Each evaluation records its time since the run started and prints its line."""
     argv = ["--case", "frequent-lower", "--steps", "2", "--eval-every", "1", "--seeds", "3", "--reps", "3",
             "--lr", "0.2", "--n-train", "200", "--n-test", "50", "--n-sens", "40", "--out-dir", str(tmp_path)]
     args = synthetic.parse_args(argv)
@@ -146,6 +146,8 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
     wall = time.time() - t0
     times = [h["time"] for h in run["history"]]  # seconds since the run started, at each evaluation
     assert 0 <= times[0] <= times[1] <= times[2] <= wall
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("frequent-lower/seed3 step ")]
+    assert len(lines) == len(times) and all(" | sens " in line for line in lines)
 
     [(_, sizes)] = synthetic.settings(args)
     vocab = synthetic.Vocab(args.sparse_set, args.frequent_set, args.irrelevant_set)

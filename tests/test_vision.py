@@ -735,14 +735,16 @@ def test_training_loop_learns_a_separable_task(tmp_path):
 def test_each_epoch_trains_on_a_new_order_from_the_runs_own_generator(tmp_path):
     """Epoch e's batches are --batch-size images at a time in the order of the e-th torch.randperm of a generator
     seeded with the run's seed (not torch's global generator, which the model's initialisation moved), the last batch
-    of an epoch the smaller one."""
+    of an epoch the smaller one; every step in train mode, also after the evaluation at step 0 left the model in
+    eval mode."""
     data = separable_task()
     args = vision.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--epochs", "2",
                               "--batch-size", "64", "--n-sens", "2", "--eval-every", "2"])
-    seen = []
+    seen, modes = [], []
 
     def loss_fn(model, images, labels):  # the objective, which sees every batch
         seen.append(images.clone())
+        modes.append(model.training)
         return vision.cross_entropy(model, images, labels)
 
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
@@ -751,7 +753,7 @@ def test_each_epoch_trains_on_a_new_order_from_the_runs_own_generator(tmp_path):
     gen = torch.Generator().manual_seed(3)
     orders = [torch.randperm(200, generator=gen) for _ in range(2)]
     expected = [vision.normalize(data["train_x"][order[i:i + 64]]) for order in orders for i in range(0, 200, 64)]
-    assert [len(b) for b in seen] == [64, 64, 64, 8] * 2
+    assert [len(b) for b in seen] == [64, 64, 64, 8] * 2 and modes == [True] * 8
     assert all(torch.equal(a, b) for a, b in zip(seen, expected))
 
 
