@@ -137,6 +137,15 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
     assert len(err.strip().splitlines()) == 1 and message in err, err
 
 
+def test_resuming_a_folder_whose_metrics_json_is_corrupt_is_one_line(tmp_path, capsys):
+    """--resume FOLDER whose metrics.json is not JSON: one line naming the folder and what is wrong, exit code 2."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{not json")
+    code, err = run("vision", ["--resume", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--resume {tmp_path / 'run'}: " in err and "is not a valid metrics.json" in err, err
+
+
 # what ../shared/paper/SETTINGS.md gives each setting: [paper], [author code]; a default changed by mistake (a planted
 # one-line bug in a flag) changes what `python <script>.py` reproduces without any other test noticing
 DEFAULTS = {

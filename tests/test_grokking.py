@@ -240,7 +240,7 @@ def test_summary_names_each_runs_phases_and_where_its_sensitivity_was_read(capsy
 
 def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch, capsys):
     """--lr and --weight-decay reach AdamW with Nanda et al.'s betas (0.9, 0.98); --no-residual reaches the model;
-    each evaluation records the seconds since the run started and prints its line."""
+    each evaluation records the seconds since the run started and prints its line; the figure's path ends the run."""
     made = {}
     monkeypatch.setattr(torch.optim, "AdamW", spy(made, "opt", torch.optim.AdamW))
     monkeypatch.setattr(grokking, "OneLayerTransformer", spy(made, "model", grokking.OneLayerTransformer))
@@ -249,8 +249,9 @@ def test_the_flags_reach_the_optimizer_and_the_model(tmp_path, monkeypatch, caps
     hist = grokking.main(grokking.parse_args(argv))["runs"]["p11/seed0"]["history"]
     assert made == {"opt": {"lr": 0.003, "weight_decay": 0.5, "betas": (0.9, 0.98)}, "model": {"residual": False}}
     assert 0 <= hist[0]["time"] <= hist[-1]["time"] < 600
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("p11/seed0 epoch ")]
-    assert len(lines) == len(hist) and all(" | sens " in line for line in lines)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("p11/seed0 epoch ")]
+    assert len(lines) == len(hist) and all(" | sens " in line for line in lines) and "\nwrote " in out
 
 
 def test_both_sensitivities_are_the_estimators_with_their_arguments():

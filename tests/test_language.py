@@ -242,6 +242,7 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
     data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
     out = capsys.readouterr().out
     assert "\nlstm (1 seed) | train acc " in out and "\nfinal gpt2-softmax - lstm | sigma 3.87298: " in out, out
+    assert "\nwrote " in out and "sensitivity.png" in out  # the figures' paths
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)
     assert made == [{"per_epoch": 13, "hint": language.CPU_SIZE}] * 2  # lstm, gpt2

@@ -88,7 +88,7 @@ def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path
     assert args.run_name is None and args.out_dir == "out"  # the run's own flags stay this run's
 
 
-def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch):
+def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch, capsys):
     """The final measurements come after vision.train has ended the run's training: their time is still the run's
     (reproduce.sh's CPU minutes read it), not lost."""
     real = R.evaluate_model
@@ -99,6 +99,8 @@ def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatc
             "--n-sharp", "10", "--sharp-reps", "1", "--run-name", "t"]
     data = R.main(R.parse_args(argv))
     assert data["runs"]["vit-vanilla/seed0"]["seconds"]["final"] >= 0.5
+    out = capsys.readouterr().out  # and the run's final numbers are printed in one line
+    assert "\nvit-vanilla/seed0 | train acc " in out and " | mean corruption acc " in out and " | ShPred " in out
 
 
 @pytest.mark.slow
