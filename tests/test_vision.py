@@ -803,7 +803,8 @@ def test_the_schedule_sets_every_training_step(tmp_path, monkeypatch):
 
 def test_training_stops_at_its_end_point(tmp_path):
     """--until-acc stops at the first evaluation whose train accuracy reaches the level; --patience when that many
-    evaluations in a row bring no training loss 1% below the best; the final numbers say which end point it was."""
+    evaluations in a row bring no training loss 1% below the best; the final numbers say which end point it was, and
+    the progress lines end there (the final measurements, not the 50 epochs' steps)."""
     h = [{"train_acc": a, "train_loss": loss} for a, loss in [(0.5, 1.0), (0.7, 0.8), (0.8, 0.795), (0.8, 0.794),
                                                              (0.85, 0.8)]]
     assert report.end_point(h, until_acc=0.85) == "train accuracy reached 0.85"
@@ -817,8 +818,11 @@ def test_training_stops_at_its_end_point(tmp_path):
                               "--batch-size", "20", "--lr", "0.05", "--n-sens", "5", "--eval-every", "1",
                               "--until-acc", "0.95"])
     results = Results(str(tmp_path), "vision", vars(args), "cpu")
+    made, real = [], results.progress
+    results.progress = lambda *a, **k: made.append(real(*a, **k)) or made[-1]  # the run's Progress
     vision.train(name="mlp", seed=0, args=args, data=data, results=results, device=torch.device("cpu"))
     run = results.data["runs"]["mlp/seed0"]
+    assert made[0].total == made[0].last[1] == run["final"]["step"] < 50 * 10  # 10 steps an epoch
     accs = [r["train_acc"] for r in run["history"]]
     assert accs[-1] >= 0.95 and max(accs[:-1]) < 0.95 and len(accs) < 51  # stopped at the first one above
     assert run["final"]["stopped"] == "train accuracy reached 0.95" and run["final"]["epoch"] == len(accs) - 1
