@@ -90,7 +90,7 @@ def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path
 
 def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch, capsys):
     """The final measurements come after vision.train has ended the run's training: their time is still the run's
-    (reproduce.sh's CPU minutes read it), not lost."""
+    (reproduce.sh's CPU minutes read it), not lost; the run's final numbers are printed in one line."""
     real = R.evaluate_model
     monkeypatch.setattr(R, "evaluate_model", lambda *a: time.sleep(0.5) or real(*a))
     argv = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "32", "--n-train", "40",
@@ -99,7 +99,7 @@ def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatc
             "--n-sharp", "10", "--sharp-reps", "1", "--run-name", "t"]
     data = R.main(R.parse_args(argv))
     assert data["runs"]["vit-vanilla/seed0"]["seconds"]["final"] >= 0.5
-    out = capsys.readouterr().out  # and the run's final numbers are printed in one line
+    out = capsys.readouterr().out
     assert "\nvit-vanilla/seed0 | train acc " in out and " | mean corruption acc " in out and " | ShPred " in out
 
 
