@@ -125,6 +125,7 @@ BAD = [
     ("language", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("vision", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
+    ("grokking", ["--p", "1"], "--p must be >= 2, got 1"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
 ]
