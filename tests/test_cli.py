@@ -191,6 +191,19 @@ def test_defaults_are_the_papers_and_the_authors_settings():
                          "mlp": 0.1, "mlp-sigmoid": 0.5, "cnn": 0.005} and vision.LR_MNIST01 == 0.01
 
 
+def test_every_script_has_the_run_flags_with_the_defaults_the_readme_gives():
+    """The run group (How runs work in the README): one thread (0 means one), out/ for results, a checkpoint only when
+    stopped, a progress line every 20 s; the device is chosen (synthetic.py's tiny model is fastest on the CPU)."""
+    for name, module in SCRIPTS.items():
+        if name in ("bench", "report"):
+            continue
+        p = parser_of(module)
+        run_flags = {k: p.get_default(k) for k in ["device", "threads", "out_dir", "run_name", "save_every", "resume",
+                                          "progress_every"]}
+        assert run_flags == dict(device="cpu" if name == "synthetic" else "auto", threads=0, out_dir="out",
+                                 run_name=None, save_every=0, resume=None, progress_every=20), name
+
+
 @pytest.mark.slow
 def test_language_sizes_and_files(tmp_path, capsys):
     """Language sizes are checked against the pairs there are; a truncated row and a label of 2 name file and line."""

@@ -299,6 +299,9 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "m/seed0 | estimated time of this run on this machine: about 71.0 min (guessed from a timed forward pass; "
         "timed after a few steps)", "m/seed0 | over an hour on a CPU; try --small"]
+    for per_eval, hinted in [(300.0, False), (300.5, True)]:  # 1,000 x 3 s + 2 evaluations: 3,600 s, then 3,601 s
+        Progress("m/seed0", 0, 1000, 1000, every=0, hint="try --small", guess=(3.0, per_eval))
+        assert ("over an hour on a CPU" in capsys.readouterr().out) == hinted, per_eval
     Progress("m/seed0", 0, 1000, 50, every=0, guess=(3.0, 60.0), early=True)  # --until-acc may stop it sooner
     assert "this machine: at most about 71.0 min" in capsys.readouterr().out
     # a run that stops early (--until-acc) at the evaluation of step 300: its lines now say final measurements
