@@ -50,7 +50,7 @@ def fake_imagenet(folder, n=6):
 
 def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, monkeypatch, capsys):
     """Against a constant "ViT", the other model's paired difference is its own per-image flips: their mean and
-    standard error over the images; the summary and report.py --claims print them."""
+    standard error over the images; each model's line, the summary and report.py --claims print them."""
     stand_ins(monkeypatch)
     args = imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "5",
                                 "--sens-positions", "8", "--sigma", "1", "100", "--out-dir", str(tmp_path / "out"),
@@ -67,6 +67,8 @@ def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, mo
         assert mean == cnn["sens_at"][key]["sens"] == per_image.mean().item()
         assert math.isclose(se, per_image.std().item() / math.sqrt(5))
     out = capsys.readouterr().out
+    for name, final in [("vit_l_16", vit), ("convnext_tiny", cnn)]:  # each model's line as it finishes
+        assert f"{name}: sensitivity {final['sens']:.4f} +- {final['sens_stderr']:.4f} on 5 images\n" in out, out
     assert f"convnext_tiny - vit_l_16 | patch:1 {report.paired_text(p['models']['convnext_tiny']['diff']['patch:1'])}" \
            in out
     report.claims(str(tmp_path / "out"))

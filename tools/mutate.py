@@ -82,7 +82,7 @@ TARGETS = {
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
                       "train_one", "main", "Vocab.sparse", "Vocab.frequent", "settings",
                       "AttentionClassifier.__init__", "check_sizes", "parse_args"],
-                     ["tests/test_synthetic.py", "tests/test_cli.py"]),
+                     ["tests/test_synthetic.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
                      "TextTransformer.forward_from", "LSTMClassifier.prefix_cache", "LSTMClassifier.forward_from",
@@ -111,11 +111,11 @@ TARGETS = {
                      "OneLayerTransformer.__init__", "OneLayerTransformer.embed",
                      "OneLayerTransformer.forward_embedded", "OneLayerTransformer.forward", "main", "grokked_for",
                      "parse_args"],
-                    ["tests/test_grokking.py", "tests/test_cli.py"]),
+                    ["tests/test_grokking.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity",
                    "train_one", "Block.__init__", "Block.forward", "ParityTransformer.__init__",
                    "ParityTransformer.forward", "main", "setting", "all_inputs", "parse_args"],
-                  ["tests/test_parity.py", "tests/test_cli.py"]),
+                  ["tests/test_parity.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
