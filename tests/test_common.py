@@ -447,6 +447,25 @@ def test_a_position_draw_at_the_top_of_its_range_stays_on_a_valid_position(monke
     assert math.isnan(pp[0]) and pp[1] == 1.0 and math.isnan(pp[2])  # the second of the two valid ones, every time
 
 
+def test_the_u_th_draw_is_the_u_th_valid_position_in_order(monkeypatch):
+    """positions=k maps u = floor(U * n_valid) to the row's u-th valid position counted from the start: the same
+    positions for a seed on any device (an unstable sort of the mask, as torch's is on a CPU from some 100 positions
+    on, would map u to some other valid one)."""
+    real, told = torch.rand, []
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None: torch.full((n,), 0.5, device=device))
+    mask = torch.stack([torch.arange(300) % 3 == 0, torch.arange(300) % 5 != 0])  # 100 and 240 valid positions
+
+    def f(xb, idx, pos):
+        if pos is not None:
+            told.extend(zip(idx.tolist(), pos.tolist()))
+        return xb[:, 0, 0] > 0
+
+    sensitivity(f, torch.ones(2, 300, 1), flip(), mask=mask, positions=3, seed=0, tell_position=True)
+    monkeypatch.setattr(torch, "rand", real)
+    valid = [mask[n].nonzero().squeeze(1).tolist() for n in range(2)]
+    assert sorted(told) == [(0, valid[0][50])] * 3 + [(1, valid[1][120])] * 3 == [(0, 150)] * 3 + [(1, 151)] * 3
+
+
 def test_a_key_the_reference_lacks_is_not_paired_and_the_chunk_seeds_never_change():
     """paired_differences compares a model with the reference only at the keys both were measured at. chunk_seed, the
     noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63: the same seed re-measures the same
