@@ -146,8 +146,7 @@ def at_train_accuracy(history, levels, keys):
             out[f"{level:g}"] = None
             continue
         lo, hi = history[max(i - 1, 0)], history[i]
-        w = 1.0 if i == 0 or hi["train_acc"] == lo["train_acc"] else \
-            (level - lo["train_acc"]) / (hi["train_acc"] - lo["train_acc"])
+        w = 1.0 if i == 0 else (level - lo["train_acc"]) / (hi["train_acc"] - lo["train_acc"])  # lo < level <= hi
         out[f"{level:g}"] = {k: lo[k] + w * (hi[k] - lo[k]) for k in ["epoch"] + keys}
     return out
 

@@ -414,6 +414,38 @@ def test_threads_are_one_per_process_by_default_and_at_most_four_per_core():
         torch.set_num_threads(before)
 
 
+def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo(monkeypatch):
+    """setup() under torchrun (WORLD_SIZE > 1), with the process group and the CUDA calls stood in for: --device cuda,
+    or auto where CUDA is present, joins nccl on GPU LOCAL_RANK and runs there; --device cpu, or auto without CUDA,
+    joins gloo and sets no GPU. Rank 0 alone prints."""
+    from types import SimpleNamespace
+
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: calls.append(backend))
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(f"gpu {i}"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    before = torch.get_num_threads()
+    try:
+        for device, has_cuda, expected, on in [("cuda", False, ["gpu 1", "nccl"], "cuda:1"),
+                                               ("auto", True, ["gpu 1", "nccl"], "cuda:1"),
+                                               ("auto", False, ["gloo"], "cpu"), ("cpu", True, ["gloo"], "cpu")]:
+            monkeypatch.setattr(torch.cuda, "is_available", lambda has_cuda=has_cuda: has_cuda)
+            calls.clear()
+            got = runs.setup(SimpleNamespace(threads=0, device=device))
+            assert calls == expected and str(got) == on, (device, has_cuda, calls, got)
+        assert sys.stdout is not None and sys.stdout.name != os.devnull  # rank 0 prints
+        monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored afterwards
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+        runs.setup(SimpleNamespace(threads=0, device="cpu"))
+        assert sys.stdout.name == os.devnull  # the other ranks are silenced
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_data_folder_that_cannot_hold_a_lock_is_read_unlocked(tmp_path):
     """Where folder/.lock cannot be made (here the folder's parent is a file) the block still runs, unlocked."""
     (tmp_path / "a-file").write_text("")
