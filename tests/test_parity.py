@@ -258,13 +258,14 @@ def test_parity_summary_over_every_setting(capsys):
                  "test_acc": acc}
         return f"setting{setting}/seed0", {"model": f"setting{setting}", "seed": 0, "history": hist, "final": final}
 
-    runs = dict([run(1, [0.0, 0.0, 1.0, 2.0], 1.0), run(3, [2.0, 1.0, 0.0, 0.0], 0.5)])
+    runs = dict([run(1, [0.0, 0.0, 1.0, 2.0], 1.0), run(3, [2.0, 1.0, 0.0, 0.0], 0.5),
+                 run(4, [0.0, 1.0, 2.0, 3.0], 0.5)])  # two of three rise: a count that swapped would read 1 of 3
     report.summary({"script": "parity", "args": {"n": 20, "k": 3, "steps": 900}, "runs": runs})
     out = capsys.readouterr().out.splitlines()[-1]
-    assert out == ("all 2 runs (n 20, k 3, 900 steps) | learned (test acc > 0.95 at the end) 1 of 2, their count "
-                   "3.000 to 3.000, on the relevant bits 3.000 to 3.000 | plateau: count 0 at 50 to 60% of its "
-                   "evaluations, its largest count 2.0 to 2.0 | Spearman with step positive in 1 of 2 (-0.89 to +0.95)"
-                   " | second half above the first in 1 of 2")
+    assert out == ("all 3 runs (n 20, k 3, 900 steps) | learned (test acc > 0.95 at the end) 1 of 3, their count "
+                   "3.000 to 3.000, on the relevant bits 3.000 to 3.000 | plateau: count 0 at 40 to 60% of its "
+                   "evaluations, its largest count 2.0 to 3.0 | Spearman with step positive in 2 of 3 (-0.89 to +0.95)"
+                   " | second half above the first in 2 of 3")
 
 
 def test_the_transformer_computes_its_formula():
