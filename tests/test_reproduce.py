@@ -58,11 +58,13 @@ def claims(out, folder):
     return blocks
 
 
-def same_numbers(a, b):
-    """Two claims texts alike: the same words, and every number within 1e-3 (a float printed by another CPU)."""
+def same_numbers(a, b, rel=0.0):
+    """Two claims texts alike: the same words, and every number within 1e-3, or within rel of b's where that is more
+    (a float printed by another CPU)."""
     if NUMBER.sub("#", a) != NUMBER.sub("#", b):
         return False
-    return all(x == y or abs(float(x) - float(y)) <= 1e-3 for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)))
+    return all(x == y or abs(float(x) - float(y)) <= max(1e-3, rel * abs(float(y)))
+               for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,8 @@ def smoke(tmp_path_factory):
 @pytest.mark.slow
 def test_smoke_runs_every_row_merges_and_prints_the_claims(smoke):
     """bash reproduce.sh smoke: every row starts and ends with its wall time, every run and merge succeeds, and the
-    claims report.py prints are the stored expectation (tests/claims_smoke.txt; words equal, numbers within 1e-3)."""
+    claims report.py prints are the stored expectation (tests/claims_smoke.txt; words equal, numbers within 1e-3 or
+    1%)."""
     folder, code, out = smoke
     assert code == 0, out[-3000:]
     for row in ROWS:
@@ -94,7 +97,10 @@ def test_smoke_runs_every_row_merges_and_prints_the_claims(smoke):
     got = "\n".join(f"{h}\n" + "\n".join(lines) for h, lines in claims(out, folder).items())
     if os.environ.get("UPDATE_CLAIMS"):  # after a change that moves the smoke numbers on purpose
         open(EXPECTED, "w").write(got + "\n")
-    assert same_numbers(got, open(EXPECTED).read().rstrip("\n")), got
+    # 1% for the expectation, printed by another CPU: its convolutions round differently, and the sharpness of the
+    # smoke's untrained ResNet and DenseNet (an ascent) grows that to 0.8% (ShOp 2142.4434 for 2142.4497, its s.e.
+    # 0.2808 for 0.2831, on two AMD EPYCs); every other number of the smoke's claims agreed within 1e-3
+    assert same_numbers(got, open(EXPECTED).read().rstrip("\n"), rel=0.01), got
 
 
 @pytest.mark.slow
