@@ -442,6 +442,7 @@ def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo
         monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
         runs.setup(SimpleNamespace(threads=0, device="cpu"))
         assert sys.stdout.name == os.devnull  # the other ranks are silenced
+        sys.stdout.close()  # the file setup() opened (sys.stdout itself is restored afterwards)
     finally:
         torch.set_num_threads(before)
 
