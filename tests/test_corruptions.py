@@ -323,8 +323,8 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
 
 def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     """Textures that encode their own coordinates (red = row, green = column): every crop is an H x W window of one
-    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range (the
-    row's and the column's drawn apart); a grey image gets the luminance of the same crop."""
+    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range evenly
+    (the row's and the column's drawn apart); a grey image gets the luminance of the same crop."""
     h, w = 120, 150
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                                 indexing="ij")
@@ -335,10 +335,24 @@ def test_frost_crops_are_windows_drawn_over_the_whole_texture():
     assert torch.allclose(y[:, 1], left[:, None, None] + torch.arange(32.0)[None, None, :], atol=1e-3)
     assert top.min() < 5 and top.max() > h - 32 - 6 and top.max() <= h - 33
     assert left.min() < 5 and left.max() > w - 32 - 6 and left.max() <= w - 33
+    for start, size in [(top, h), (left, w)]:  # uniform over 0..size - 33: mean (size - 33) / 2, s.e. about 1.3-1.7
+        assert abs(start.mean() - (size - 33) / 2) < 6 and (start == size - 33).float().mean() < 0.05
     assert set(y[:, 2, 0, 0].round().div(10).long().tolist()) == {0, 1, 2, 3, 4}  # the first five textures
     assert abs(np.corrcoef(top.numpy(), left.numpy())[0, 1]) < 0.2  # the row and the column drawn apart
     grey = C.frost(torch.zeros(400, 1, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures)
     assert torch.allclose(grey, C.grey(y / 255), atol=1e-6)  # grey images: the same crops' luminance
+
+
+def test_a_frost_start_drawn_at_one_stays_where_the_release_can_start(monkeypatch):
+    """A draw of exactly 1.0 (which CUDA's uniform generator has returned) starts the crop at size - H - 1, the last
+    start randint(0, size - H) gives, not at size - H."""
+    h, w = 120, 150
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
+                                indexing="ij")
+    textures = [torch.stack([rows, cols, torch.zeros_like(rows)])] * 6
+    monkeypatch.setattr(C.torch, "rand", lambda *size, generator=None, device=None: torch.ones(*size, device=device))
+    y = C.frost(torch.zeros(8, 3, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures) * 255
+    assert y[:, 0, 0, 0].round().tolist() == [h - 33] * 8 and y[:, 1, 0, 0].round().tolist() == [w - 33] * 8
 
 
 def test_frost_textures_are_read_once_per_folder(frost_dir, monkeypatch):
