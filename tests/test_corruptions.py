@@ -344,8 +344,8 @@ def test_frost_crops_are_windows_drawn_over_the_whole_texture():
 
 
 def test_a_frost_start_drawn_at_one_stays_where_the_release_can_start(monkeypatch):
-    """A draw of exactly 1.0 (which CUDA's uniform generator has returned) starts the crop at size - H - 1, the last
-    start randint(0, size - H) gives, not at size - H."""
+    """A draw of exactly 1.0 (CUDA's generator gave it until 2017, pytorch#2740, and can still in half precision)
+    starts the crop at size - H - 1, the last start randint(0, size - H) gives, not at size - H."""
     h, w = 120, 150
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                                 indexing="ij")
