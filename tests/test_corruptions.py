@@ -321,14 +321,20 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
                                [np.arange(4.0) - i for i in range(5)]) == "ref 1 2 3 4 5, ours 5 4 3 2 1"
 
 
-def test_frost_crops_are_windows_drawn_over_the_whole_texture():
-    """Textures that encode their own coordinates (red = row, green = column): every crop is an H x W window of one
-    texture, read in order, starting at randint(0, size - H) as the release's, and the starts cover that range evenly
-    (the row's and the column's drawn apart); a grey image gets the luminance of the same crop."""
-    h, w = 120, 150
+def coordinate_textures(h, w):
+    """Six h x w textures that encode their own coordinates: red = row, green = column, blue = 10 x the texture's
+    index."""
     rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                                 indexing="ij")
-    textures = [torch.stack([rows, cols, torch.full_like(rows, 10.0 * k)]) for k in range(6)]
+    return [torch.stack([rows, cols, torch.full_like(rows, 10.0 * k)]) for k in range(6)]
+
+
+def test_frost_crops_are_windows_drawn_over_the_whole_texture():
+    """Textures that encode their own coordinates: every crop is an H x W window of one texture, read in order,
+    starting at randint(0, size - H) as the release's, and the starts cover that range evenly (the row's and the
+    column's drawn apart); a grey image gets the luminance of the same crop."""
+    h, w = 120, 150
+    textures = coordinate_textures(h, w)
     y = C.frost(torch.zeros(400, 3, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures) * 255
     top, left = y[:, 0, 0, 0].round(), y[:, 1, 0, 0].round()
     assert torch.allclose(y[:, 0], top[:, None, None] + torch.arange(32.0)[None, :, None], atol=1e-3)
@@ -347,9 +353,7 @@ def test_a_frost_start_drawn_at_one_stays_where_the_release_can_start(monkeypatc
     """A draw of exactly 1.0 (CUDA's generator gave it until 2017, pytorch#2740, and can still in half precision)
     starts the crop at size - H - 1, the last start randint(0, size - H) gives, not at size - H."""
     h, w = 120, 150
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
-                                indexing="ij")
-    textures = [torch.stack([rows, cols, torch.zeros_like(rows)])] * 6
+    textures = coordinate_textures(h, w)
     monkeypatch.setattr(C.torch, "rand", lambda *size, generator=None, device=None: torch.ones(*size, device=device))
     y = C.frost(torch.zeros(8, 3, 32, 32), (0.0, 1.0), torch.Generator().manual_seed(0), textures) * 255
     assert y[:, 0, 0, 0].round().tolist() == [h - 33] * 8 and y[:, 1, 0, 0].round().tolist() == [w - 33] * 8
