@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,7 +192,8 @@ def find(tree, name):
 
 
 def mutants(path, names):
-    """Every mutant of the listed functions of one file: (function, line, description, mutated source)."""
+    """Every mutant of the listed functions of one file: (function, line, description, occurrence, mutated source),
+    occurrence counting the mutants of that function, line and description (a line with two 1s has two '1 -> 0')."""
     source = open(os.path.join(ROOT, path)).read()
     lines = source.splitlines(keepends=True)
     tree = ast.parse(source)
@@ -199,13 +201,15 @@ def mutants(path, names):
         func = find(tree, name)
         start = min([func.lineno] + [d.lineno for d in func.decorator_list]) - 1
         indent = " " * func.col_offset
+        seen = Counter()
         for node, what, apply in mutations(func):
             undo = apply()
             ast.fix_missing_locations(func)
             body = "".join(indent + line + "\n" for line in ast.unparse(func).splitlines())
             undo()
-            yield name, getattr(node, "lineno", func.lineno), what, "".join(lines[:start]) + body + "".join(
-                lines[func.end_lineno:])
+            line = getattr(node, "lineno", func.lineno)
+            seen[line, what] += 1
+            yield name, line, what, seen[line, what], "".join(lines[:start]) + body + "".join(lines[func.end_lineno:])
 
 
 def run(copy, path, source, tests, timeout):
@@ -237,7 +241,7 @@ def main():
     p.add_argument("--functions", nargs="+", default=None, help="only these functions of the files (as in TARGETS)")
     p.add_argument("--change", nargs="+", default=None, help="only the mutants whose change contains one of these "
                    "texts, as --list prints it ('drop positions=', 'drop', 'Lt -> ')")
-    p.add_argument("--list", action="store_true", help="only list the mutants")
+    p.add_argument("--list", action="store_true", help="only list the mutants (those --sample and --rerun select)")
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample draw")
     p.add_argument("--rerun", type=str, default=None, help="run only the mutants that survived in this JSON report")
@@ -250,17 +254,18 @@ def main():
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
     todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, names[path])]
     todo = [t for t in todo if args.change is None or any(c in t[3] for c in args.change)]
-    if args.list:
-        for path, name, line, what, _, _ in todo:
-            print(f"{path}:{line} {name}: {what}")
-        print(f"{len(todo)} mutants")
-        return
-    if args.rerun:  # the survivors of an earlier report (a mutant is named by file, function, line and change)
-        survived = {(r["file"], r["function"], r["line"], r["mutation"]) for r in json.load(open(args.rerun))["mutants"]
-                    if not r["killed"]}
-        todo = [t for t in todo if t[:4] in survived]
+    if args.rerun:  # the survivors of an earlier report: a mutant is named by file, function, line, change and
+        # occurrence (a report written before occurrences were recorded names every occurrence of its survivors)
+        survived = {(r["file"], r["function"], r["line"], r["mutation"], r.get("occurrence"))
+                    for r in json.load(open(args.rerun))["mutants"] if not r["killed"]}
+        todo = [t for t in todo if t[:5] in survived or (*t[:4], None) in survived]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
+    if args.list:
+        for path, name, line, what, k, _, _ in todo:
+            print(f"{path}:{line} {name}: {what}" + (f" (#{k} on the line)" if k > 1 else ""))
+        print(f"{len(todo)} mutants")
+        return
     copies = []
     for _ in range(args.jobs):  # one scratch copy of the repository per worker
         copy = tempfile.mkdtemp(prefix="mutate-")
@@ -270,11 +275,11 @@ def main():
     t0, results = time.time(), []
 
     def work(i):
-        path, name, line, what, source, tests = todo[i]
+        path, name, line, what, k, source, tests = todo[i]
         killed = run(copies[i % args.jobs], path, source, tests, args.timeout)
         print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {'killed  ' if killed else 'SURVIVED'} {path}:{line} "
-              f"{name}: {what}", flush=True)
-        return {"file": path, "function": name, "line": line, "mutation": what, "killed": killed}
+              f"{name}: {what}" + (f" (#{k} on the line)" if k > 1 else ""), flush=True)
+        return {"file": path, "function": name, "line": line, "mutation": what, "occurrence": k, "killed": killed}
 
     try:
         with ThreadPoolExecutor(args.jobs) as pool:  # each worker owns one copy: mutant i runs in copy i mod jobs
@@ -287,7 +292,8 @@ def main():
     print("\nsurvivors (the tests missed these):")
     for r in results:
         if not r["killed"]:
-            print(f"  {r['file']}:{r['line']} {r['function']}: {r['mutation']}")
+            print(f"  {r['file']}:{r['line']} {r['function']}: {r['mutation']}"
+                  + (f" (#{r['occurrence']} on the line)" if r["occurrence"] > 1 else ""))
     summary = {}
     for path in args.files:
         rs = [r for r in results if r["file"] == path]
