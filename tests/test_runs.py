@@ -525,6 +525,7 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
     scale = report.main(report.parse_args([a, small, "--out-dir", str(tmp_path), "--run-name", "scale", "--vary",
                                            "n-train"]))
     assert scale["varied"] == {"n-train": [60, 30]}
+    assert scale["args"]["n_train"] == 60 and merged["args"]["seeds"] == [0]  # a merge's args: its first folder's
     assert set(scale["data_scale"]) == {"30", "60"} and not scale["runs"]
     assert merged["data"] == load_results(a)["data"] and "data" not in scale  # one dataset, or none named
     lines = capsys.readouterr().out.splitlines()  # the summary: the paired differences at each size, smallest first
