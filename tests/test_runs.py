@@ -830,22 +830,29 @@ def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run
     assert out[-2:] == ["[robustness] robustness/fmnist-rob: not run", "[robustness] robustness/fig9: not run"]
 
 
-def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys):
+def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys, monkeypatch):
     """start_run: a new out/<script>/<name> folder (a -2 suffix when the name is taken), its Results, and one line
-    naming the folder, the device and the threads."""
+    naming the folder, the device and the threads. A torchrun rank other than 0 gets rank 0's folder and writes
+    nothing in it."""
     import argparse
 
-    from runs import start_run
+    import runs
 
     args = argparse.Namespace(resume=None, run_name=None, out_dir=str(tmp_path), seeds=[0])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        first, res = start_run("vision", args, "default", "cpu")
-        second, _ = start_run("vision", args, "default", "cpu")
+        first, res = runs.start_run("vision", args, "default", "cpu")
+        second, _ = runs.start_run("vision", args, "default", "cpu")
+        rank0 = str(tmp_path / "rank0")  # the folder rank 0 broadcasts, not made yet
+        monkeypatch.setattr(runs, "ranks", lambda: (1, 2))
+        monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda box, src: box.__setitem__(0, rank0))
+        third, other = runs.start_run("vision", args, "default", "cpu")
     finally:
         torch.set_num_threads(threads)
     assert first == str(tmp_path / "vision" / "default") and second == first + "-2"
     assert os.path.isfile(os.path.join(first, "metrics.json")) and res.data["args"]["seeds"] == [0]
     assert capsys.readouterr().out.splitlines() == [f"writing {first} | device cpu | 1 thread",
-                                                    f"writing {second} | device cpu | 1 thread"]
+                                                    f"writing {second} | device cpu | 1 thread",
+                                                    f"writing {rank0} | device cpu | 1 thread | 2 processes"]
+    assert third == rank0 and not other.write and not os.path.exists(rank0)
