@@ -116,6 +116,7 @@ BAD = [
     ("parity", ["--seed", "1"], "unrecognized arguments: --seed"),
     ("parity", ["--n-sens", "30000"], "--n-sens 30000 asks for more than the 20000"),
     ("vision", ["--schedule", "linear"], "invalid choice: 'linear'"),
+    ("vision", ["--optimizer", "adamw"], "invalid choice: 'adamw'"),  # not Adam in silence
     ("synthetic", ["--irrelevant-set", "0"], "--irrelevant-set must be an integer >= 1"),
     ("synthetic", ["--dim-head", "0"], "--dim-head must be an integer >= 1"),
     ("parity", ["--mlp-dim", "0"], "--mlp-dim must be an integer >= 1"),

@@ -294,6 +294,13 @@ def test_gaussian_kernels_have_scipys_radius():
     assert [len(C.gaussian_kernel(c[1] * 32, truncate=3)) // 2 for c in C.SEVERITY["elastic_transform"][1:]] == \
         [19, 6, 4, 3]
     assert torch.allclose(C.gaussian_kernel(0.6).sum(), torch.tensor(1.0, dtype=torch.float64))
+    delta = torch.zeros(1, 1, 21, 21)
+    delta[..., 10, 10] = 1
+    for truncate, radius in [(3, 3), (4.0, 4)]:  # gaussian_filter passes its truncate on: a point spreads to radius
+        k = C.gaussian_kernel(1.0, truncate=truncate).float()
+        y = C.gaussian_filter(delta, 1.0, truncate=truncate)[0, 0]
+        assert torch.allclose(y[10 - radius:11 + radius, 10 - radius:11 + radius], torch.outer(k, k))
+        assert torch.count_nonzero(y) == (2 * radius + 1) ** 2
 
 
 def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
