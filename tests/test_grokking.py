@@ -134,10 +134,10 @@ def test_end_to_end(tmp_path):
 
 def test_bad_arguments():
     for argv in [["--sigma", "-1"], ["--frac-train", "1.5"], ["--dim", "30", "--heads", "4"], ["--p", "1"],
-                 ["--frac-train", "1"], ["--p", "2", "--frac-train", "0.2"]]:  # no test pair; int(0.8): no train pair
+                 ["--frac-train", "1"], ["--p", "3", "--frac-train", "0.1"]]:  # no test pair; int(0.9): no train pair
         with pytest.raises(SystemExit):
             grokking.parse_args(argv)
-    assert grokking.parse_args(["--p", "2", "--frac-train", "0.25"]).p == 2  # one training pair of the four
+    assert grokking.parse_args(["--p", "3", "--frac-train", "0.12"]).p == 3  # one training pair of the nine
 
 
 class Both(torch.nn.Module):
