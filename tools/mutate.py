@@ -212,6 +212,11 @@ def mutants(path, names):
             yield name, line, what, seen[line, what], "".join(lines[:start]) + body + "".join(lines[func.end_lineno:])
 
 
+def label(path, function, line, what, k):
+    """A mutant as the lists print it: where, what, and which of the same changes on its line when not the first."""
+    return f"{path}:{line} {function}: {what}" + (f" (#{k} on the line)" if k > 1 else "")
+
+
 def run(copy, path, source, tests, timeout):
     """Whether the tests fail (the mutant is killed) with `source` in place of `path` in the scratch copy."""
     target = os.path.join(copy, path)
@@ -262,8 +267,8 @@ def main():
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     if args.list:
-        for path, name, line, what, k, _, _ in todo:
-            print(f"{path}:{line} {name}: {what}" + (f" (#{k} on the line)" if k > 1 else ""))
+        for t in todo:
+            print(label(*t[:5]))
         print(f"{len(todo)} mutants")
         return
     copies = []
@@ -277,8 +282,8 @@ def main():
     def work(i):
         path, name, line, what, k, source, tests = todo[i]
         killed = run(copies[i % args.jobs], path, source, tests, args.timeout)
-        print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {'killed  ' if killed else 'SURVIVED'} {path}:{line} "
-              f"{name}: {what}" + (f" (#{k} on the line)" if k > 1 else ""), flush=True)
+        print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {'killed  ' if killed else 'SURVIVED'} "
+              f"{label(path, name, line, what, k)}", flush=True)
         return {"file": path, "function": name, "line": line, "mutation": what, "occurrence": k, "killed": killed}
 
     try:
@@ -292,8 +297,7 @@ def main():
     print("\nsurvivors (the tests missed these):")
     for r in results:
         if not r["killed"]:
-            print(f"  {r['file']}:{r['line']} {r['function']}: {r['mutation']}"
-                  + (f" (#{r['occurrence']} on the line)" if r["occurrence"] > 1 else ""))
+            print("  " + label(r["file"], r["function"], r["line"], r["mutation"], r["occurrence"]))
     summary = {}
     for path in args.files:
         rs = [r for r in results if r["file"] == path]
