@@ -13,7 +13,7 @@ import mutate  # noqa: E402
 
 
 def test_each_mutant_changes_one_function_compiles_and_has_its_own_name():
-    """sincos_2d has two of several changes on one line (two 1s, two 4s, two divisions): each is a mutant of its own,
+    """sincos_2d has two of several changes on one line (two 4s, two divisions, two floor divisions): each is a mutant,
     told apart by its occurrence, and each changes that function alone."""
     source = open(os.path.join(ROOT, "vision.py")).read()
     original = ast.dump(ast.parse(source))
