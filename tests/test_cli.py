@@ -173,7 +173,10 @@ DEFAULTS = {
                       eval_every=50),  # [decided]
     "parity": dict(n=20, k=3, steps=8000, weight_decay=0.1, n_test=2000,  # [decided]; the parity row's test set
                    eval_every=200, n_sens=1000, setting=1, depth=2, heads=4, data_seed=1234),  # [decided]
+    "imagenet": dict(model=["convnext_tiny", "vit_l_16"], sigma=[0.1], mask=["patch"],  # the paper's two models
+                     n_sens=500, sens_positions=None, reps=1, sens_seed=0, data_seed=0),  # [decided], as vision.py's
 }
+REQUIRED = {"imagenet": ["--imagenet-dir", os.path.dirname(__file__)]}  # flags with no default (an existing folder)
 
 
 def test_defaults_are_the_papers_and_the_authors_settings():
@@ -182,7 +185,7 @@ def test_defaults_are_the_papers_and_the_authors_settings():
     the authors' code is pinned here (robustness.py's shared ones with vision.py's, which it must keep)."""
     for name, module in SCRIPTS.items():
         expected = {**(DEFAULTS["vision"] if name == "robustness" else {}), **DEFAULTS.get(name, {})}
-        args = vars(module.parse_args([])) if expected else {}
+        args = vars(module.parse_args(REQUIRED.get(name, []))) if expected else {}
         for flag, value in expected.items():
             assert args[flag] == (pytest.approx(value) if isinstance(value, (float, list)) else value), (name, flag)
         for action in parser_of(module)._actions:
