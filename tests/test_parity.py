@@ -17,11 +17,14 @@ from conftest import divergence_checks
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
+    """make_task: k sorted relevant bits; training and test inputs in {-1, +1}, labelled by the parity of those bits
+    (balanced); the data seed fixes everything."""
     relevant, (x, y), (xt, yt) = parity.make_task(12, 3, 500, 200, data_seed=0)
     assert len(relevant) == 3 and x.shape == (500, 12, 1) and xt.shape == (200, 12, 1)
     assert relevant.tolist() == sorted(relevant.tolist())  # as metrics.json lists them
-    assert set(x.unique().tolist()) == {-1.0, 1.0}
+    assert set(x.unique().tolist()) == set(xt.unique().tolist()) == {-1.0, 1.0}  # the test inputs too
     assert torch.equal(y, (x[:, relevant, 0].prod(1) > 0).long())
+    assert torch.equal(yt, (xt[:, relevant, 0].prod(1) > 0).long())
     assert abs(y.float().mean().item() - 0.5) < 0.1
     again = parity.make_task(12, 3, 500, 200, data_seed=0)
     assert torch.equal(again[0], relevant) and torch.equal(again[1][0], x)  # the data seed fixes everything
