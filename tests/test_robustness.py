@@ -3,6 +3,7 @@ sharpness, and end-to-end runs (generated corruptions, a fake 19-file release, t
 
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -75,10 +76,10 @@ def test_end_to_end_and_from_vision(tmp_path):
     assert (loaded["train_loss"], loaded["test_loss"]) == (saved["train_loss"], saved["test_loss"])
 
 
-def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path):
+def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path, monkeypatch):
     """--from-vision reads the vision run's model and data flags as if typed before the command line's: an on/off flag
     that was on stays on, a flag given here replaces the saved one, and the saved run's own flags (--run-name,
-    --out-dir) are not taken."""
+    --out-dir) are not taken. The same from a shell (argv None: sys.argv without the script's name)."""
     saved = vision.parse_args(["--dataset", "fake28", "--model", "vit", "--depth", "3", "--no-patch-norm",
                                "--save-model", "--run-name", "v", "--out-dir", "elsewhere"])
     write_json(str(tmp_path / "v" / "metrics.json"), {"script": "vision", "args": vars(saved), "runs": {}})
@@ -86,6 +87,8 @@ def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path
     assert args.no_patch_norm and args.dataset == "fake28" and args.model == ["vit"]  # taken from the run
     assert args.depth == 2  # the command line's
     assert args.run_name is None and args.out_dir == "out"  # the run's own flags stay this run's
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--from-vision", str(tmp_path / "v"), "--depth", "2"])
+    assert vars(R.parse_args()) == vars(args)
 
 
 def test_a_runs_seconds_cover_its_corruptions_and_sharpness(tmp_path, monkeypatch, capsys):
@@ -147,6 +150,24 @@ def test_evaluate_corruptions_on_a_users_model_gives_the_known_accuracy():
     assert out["mean_corruption_acc"] == share and out["mean_extra_acc"] == share and out["standard_measured"] == 2
     only_extra = R.evaluate_corruptions(Constant(3), images, labels, corruptions=["saturate"], severities=[2])
     assert only_extra["mean_corruption_acc"] is None and only_extra["standard_measured"] == 0
+
+
+class BrighterHalf(torch.nn.Module):
+    """Class 0 when the image's left half is the brighter, else 1: contrast keeps which half that is."""
+
+    def forward(self, x):
+        return torch.stack([x[..., :16].mean((1, 2, 3)), x[..., 16:].mean((1, 2, 3))], 1)
+
+
+def test_evaluate_corruptions_pairs_each_image_with_its_label_beyond_the_first_2000():
+    """More images than one chunk of 2,000 are corrupted chunk by chunk, each once and in order: a model right on every
+    clean image is right on every corrupted one (labels alternate, so a shift by one image would get them all wrong)."""
+    labels = torch.arange(2100) % 2
+    images = torch.full((2100, 3, 32, 32), 50, dtype=torch.uint8)
+    images[labels == 0, :, :, :16] = 200  # label 0: the left half the brighter
+    images[labels == 1, :, :, 16:] = 200
+    out = R.evaluate_corruptions(BrighterHalf(), images, labels, corruptions=["contrast"], severities=[5])
+    assert out["clean_acc"] == 1.0 and out["corruption_acc"]["contrast"]["5"] == 1.0
 
 
 class Pixel(torch.nn.Module):

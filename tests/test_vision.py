@@ -880,15 +880,16 @@ def test_sens_during_needed_gives_the_numbers_of_measuring_every_evaluation(tmp_
     """--sens-during needed measures the sensitivity during training at the last evaluation and at the two around
     each --match-acc crossing only: training is unchanged (every accuracy and loss), the rows it measures and every
     final number (the sweep, the per-image flips, the matched-accuracy readings) equal those of a run measuring every
-    evaluation, and it skips the others (here epochs 0, 3, 4 and 7 of 0-8)."""
+    evaluation, and it skips the others (here epochs 3, 4 and 7 of 0-8; 0.1 is reached at the first, epoch 0)."""
     runs = {}
     for mode in ["every", "needed"]:
-        argv = LAZY + ["--sens-during", mode, "--out-dir", str(tmp_path), "--run-name", mode]
+        argv = LAZY + ["--match-acc", "0.1", "0.45", "0.7", "--sens-during", mode, "--out-dir", str(tmp_path),
+                       "--run-name", mode]
         runs[mode] = vision.main(vision.parse_args(argv))["runs"]["mlp/seed0"]
     every, needed = runs["every"], runs["needed"]
     assert [without_sens(h) for h in needed["history"]] == [without_sens(h) for h in every["history"]]
     measured = [h["epoch"] for h in needed["history"] if "sens" in h]
-    assert measured == [1, 2, 5, 6, 8]  # around 0.45 (epochs 1-2) and 0.7 (5-6), and the last
+    assert measured == [0, 1, 2, 5, 6, 8]  # at 0.1 (epoch 0), around 0.45 (1-2) and 0.7 (5-6), and the last
     for h in needed["history"]:
         if "sens" in h:
             assert {k: v for k, v in h.items() if k != "time"} == \
