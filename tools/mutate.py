@@ -267,8 +267,8 @@ def main():
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     if args.list:
-        for t in todo:
-            print(label(*t[:5]))
+        for path, name, line, what, k, _, _ in todo:
+            print(label(path, name, line, what, k))
         print(f"{len(todo)} mutants")
         return
     copies = []
