@@ -17,6 +17,9 @@
 # six frost textures) where present (gpu).
 set -euo pipefail
 cd "$(dirname "$0")"
+(( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 403 )) || {  # declare -A and wait -n (macOS ships bash 3.2)
+  echo "reproduce.sh: needs bash >= 4.3, this is $BASH_VERSION (macOS: brew install bash, and run it with that)" >&2
+  exit 2; }
 
 scale=${1:-}
 shift || true
@@ -83,7 +86,7 @@ run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped w
     while alive "$name"; do collect; sleep 1; done  # then resumed below: a no-op if it finished
   fi
   if [ -z "$dry" ]; then  # a free slot (and the runs that have ended marked done)
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do collect; sleep 1; done
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; collect; done  # wait -n: until one ends
     collect
   fi
   if [ -f "$folder/metrics.json" ]; then
@@ -131,9 +134,10 @@ collect() {  # the runs that have ended, at once: a run that exits 0 is marked d
 }
 
 reap() {  # wait for every run of the row to end
+  collect
   while [ ${#pids[@]} -gt 0 ]; do
+    wait -n || true  # until one of them ends (its exit status is still there for collect's wait)
     collect
-    [ ${#pids[@]} -eq 0 ] || sleep 1
   done
 }
 
