@@ -1,5 +1,5 @@
 """What several test files share: stopping a run in the middle of its training; the losses its divergence checks
-see; a spy on a function's keyword arguments; a synthetic run's final record."""
+see; a spy on a function's keyword arguments; a synthetic run's final record. And the order the suite runs in."""
 
 import os
 import signal
@@ -47,3 +47,9 @@ def synthetic_final(ood, sens_sparse, sens_frequent):
     and the two candidate functions' sensitivities; the rest fixed."""
     return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
             "sens_sparse_fn": sens_sparse, "sens_frequent_fn": sens_frequent}
+
+
+def pytest_collection_modifyitems(items):
+    """`bash reproduce.sh smoke` first: it takes about half of the whole suite's time, so under `pytest -n 2` (the
+    README's command) one process runs it while the other takes every other test (--dist worksteal, pyproject.toml)."""
+    items.sort(key=lambda item: item.name != "test_smoke_runs_every_row_merges_and_prints_the_claims")
