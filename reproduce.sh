@@ -86,7 +86,7 @@ run() {  # run NAME SCRIPT FLAGS...: the run folder out/<script>/NAME; skipped w
     while alive "$name"; do collect; sleep 1; done  # then resumed below: a no-op if it finished
   fi
   if [ -z "$dry" ]; then  # a free slot (and the runs that have ended marked done)
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; collect; done  # wait -n: until one ends
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done  # wait -n: until one of them ends
     collect
   fi
   if [ -f "$folder/metrics.json" ]; then
