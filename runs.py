@@ -588,8 +588,9 @@ class Progress:
         if guess:  # at once, before the first (maybe long) evaluation
             left = self.guessed_left(start)
             self.tell(f"about {duration(left)} (guessed from a timed forward pass; timed after a few steps)", left)
-        if every:
-            threading.Thread(target=self._print_every, args=(every,), daemon=True).start()
+        self.thread = threading.Thread(target=self._print_every, args=(every,), daemon=True) if every else None
+        if self.thread:
+            self.thread.start()
 
     def tick(self, step, evaluating, loss=None):
         now = time.monotonic()
@@ -662,7 +663,11 @@ class Progress:
         self.total = self.last[1]
 
     def stop(self):
+        """Ends the printing thread, and waits for it: one still waking when the process exits can kill it (exit 134,
+        'terminate called without an active exception': a run in 10 at the smoke scale under load, in torch 2.14)."""
         self.done.set()
+        if self.thread:
+            self.thread.join()
 
 
 @torch.no_grad()

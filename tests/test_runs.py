@@ -255,7 +255,7 @@ def test_progress_prints_on_a_timer_through_a_long_evaluation_and_slow_steps(mon
     """A loop whose first evaluation takes 0.6 s and whose steps take 30 ms, with a line every 0.1 s: the first line
     comes during that evaluation (within two periods of the start), no gap between lines is much over a period, the
     lines give the loss, ms per step and the time to the next evaluation and to the end, and one line gives the
-    estimated time of the run once three steps are timed."""
+    estimated time of the run once three steps are timed. stop() ends the thread before it returns."""
     out = Stamped()
     monkeypatch.setattr(sys, "stdout", out)
     t0 = time.monotonic()
@@ -265,6 +265,7 @@ def test_progress_prints_on_a_timer_through_a_long_evaluation_and_slow_steps(mon
         progress.tick(step, evaluating, torch.tensor(0.5 + step))
         time.sleep(0.6 if step == 0 else 0.1 if evaluating else 0.03)
     progress.stop()
+    assert not progress.thread.is_alive()  # joined: no thread left to wake while the process exits
     times = [t0] + [t for t, _ in out.lines]
     text = [line for _, line in out.lines]
     assert times[1] - t0 < 0.2 and "step 0/40 | evaluating for" in text[0]
