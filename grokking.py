@@ -234,7 +234,7 @@ def main(args):
                     print(f"p{args.p}/seed{seed}: memorised at epoch {final['epoch_memorised']}, grokked at "
                           f"{final['epoch_grokked']}, ended at {final['epoch_end']}, {final['time']:.0f}s")
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if paths := report.draw(results.data, folder):
+        if not args.no_figures and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     return results.data
 

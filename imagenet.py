@@ -41,7 +41,7 @@ def parse_args(argv=None):
     g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many of the 196 patches "
                    "per image and draw (default: every patch)")
     g.add_argument("--n-sens", type=positive_int, default=500, help="images the sensitivity is measured on")
-    add_run_flags(p, unit="models", default_name="imagenet-pretrained")
+    add_run_flags(p, unit="models", default_name="imagenet-pretrained", figures=False)  # it draws none
     args = parse(p, "imagenet", argv)
     if args.imagenet_dir is None:
         p.error("--imagenet-dir is required: a folder of images, one subfolder per class (ImageNet's train split)")

@@ -638,7 +638,8 @@ def main(args):
             results.save()
             report.summary(results.data)
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if any(r["history"] for r in results.data["runs"].values()) and (paths := report.draw(results.data, folder)):
+        drawable = not args.no_figures and any(r["history"] for r in results.data["runs"].values())
+        if drawable and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     return results.data
 

@@ -294,7 +294,7 @@ def main(args):
                     train_one(args, s, seed, tasks[s], results, device)
         report.summary(results.data)  # per run and setting: the final count, and the plateau before learning
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if paths := report.draw(results.data, folder):
+        if not args.no_figures and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     return results.data
 

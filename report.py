@@ -532,7 +532,7 @@ def claims(out_dir):
 
 # flags that may differ between the folders of a merge: they change neither what is measured nor how
 FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_every", "progress_every", "save_model",
-        "data_dir"}  # (where the same dataset files are)
+        "no_figures", "data_dir"}  # (data_dir: where the same dataset files are)
 
 
 def flag_key(flag):

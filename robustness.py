@@ -333,7 +333,7 @@ def main(args):
             results.data["summary"] = report.robustness_summary(results.data)  # per model, and the correlation
             results.save()
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if paths := report.draw(results.data, folder):
+        if not args.no_figures and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     return results.data
 

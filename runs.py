@@ -95,8 +95,9 @@ def one_of(names, what):
     return check
 
 
-def add_run_flags(p, *, unit, default_name, device="auto"):
-    """The `run` group every script has; `unit` is the loop unit of --save-every (epochs or steps)."""
+def add_run_flags(p, *, unit, default_name, device="auto", figures=True):
+    """The `run` group every script has; `unit` is the loop unit of --save-every (epochs or steps); `figures`: the
+    script draws figures at the end of a run (--no-figures leaves them out)."""
     g = p.add_argument_group("run")
     g.add_argument("--device", type=str, default=device, help="auto | cpu | cuda | cuda:<index>")
     g.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads of this process (0: one, see "
@@ -110,6 +111,9 @@ def add_run_flags(p, *, unit, default_name, device="auto"):
                    "may be given; --device of the kind it ran on, since random generators do not move between kinds)")
     g.add_argument("--progress-every", type=nonnegative_float, default=20, help="seconds between the progress lines "
                    "printed during training, whatever the evaluation schedule (0: none)")
+    if figures:
+        g.add_argument("--no-figures", action="store_true", help="write metrics.json alone, no figures (python "
+                       "report.py <run folder> draws them later, from it)")
     return g
 
 
@@ -174,7 +178,8 @@ def parse_with(p, argv, folder, script):
     except ValueError as e:
         p.error(f"{folder}: {e}")
     known = vars(p.parse_args([]))
-    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every", "progress_every"}
+    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every", "progress_every",
+            "no_figures"}
     typed = []
     for key, value in saved.items():
         if key not in known or key in skip or value is None or value is False or value in ({}, []):

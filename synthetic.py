@@ -300,7 +300,7 @@ def main(args):
                 for seed in args.seeds:
                     train_one(args, label, sizes, seed, results, device)
     finally:  # also after Ctrl-C: metrics.json is already saved, draw what there is (python report.py redraws it)
-        if paths := report.draw(results.data, folder):
+        if not args.no_figures and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     report.summary(results.data)
     return results.data

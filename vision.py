@@ -691,7 +691,7 @@ def main(args):
             results.save()
             report.summary(results.data)
     finally:  # also after Ctrl-C: draw what there is (python report.py redraws it)
-        if paths := report.draw(results.data, folder):
+        if not args.no_figures and (paths := report.draw(results.data, folder)):
             print("wrote", *paths)
     return results.data
 

@@ -79,14 +79,14 @@ def test_end_to_end_and_from_vision(tmp_path):
 def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path, monkeypatch):
     """--from-vision reads the vision run's model and data flags as if typed before the command line's: an on/off flag
     that was on stays on, a flag given here replaces the saved one, and the saved run's own flags (--run-name,
-    --out-dir) are not taken. The same from a shell (argv None: sys.argv without the script's name)."""
+    --out-dir, --no-figures) are not taken. The same from a shell (argv None: sys.argv without the script's name)."""
     saved = vision.parse_args(["--dataset", "fake28", "--model", "vit", "--depth", "3", "--no-patch-norm",
-                               "--save-model", "--run-name", "v", "--out-dir", "elsewhere"])
+                               "--save-model", "--run-name", "v", "--out-dir", "elsewhere", "--no-figures"])
     write_json(str(tmp_path / "v" / "metrics.json"), {"script": "vision", "args": vars(saved), "runs": {}})
     args = R.parse_args(["--from-vision", str(tmp_path / "v"), "--depth", "2"])
     assert args.no_patch_norm and args.dataset == "fake28" and args.model == ["vit"]  # taken from the run
     assert args.depth == 2  # the command line's
-    assert args.run_name is None and args.out_dir == "out"  # the run's own flags stay this run's
+    assert args.run_name is None and args.out_dir == "out" and not args.no_figures  # the run's own stay this run's
     monkeypatch.setattr(sys, "argv", ["robustness.py", "--from-vision", str(tmp_path / "v"), "--depth", "2"])
     assert vars(R.parse_args()) == vars(args)
 

@@ -576,7 +576,7 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
         args = {"seeds": [0], "threads": 1, "sigma": [0.1], "sens_seed": 0, "n_sens": 500, "mask": ["patch"]}
         f = folder(f"x-{flag}", {"script": "vision", "args": {**args, flag: x}, "runs": {"vit/seed0": run}})
         g = folder(f"y-{flag}", {"script": "vision", "args": {**args, flag: y, "seeds": [1], "threads": 2,
-                                                             "device": "cuda", "run_name": "y"},
+                                                             "device": "cuda", "run_name": "y", "no_figures": True},
                                  "runs": {"vit/seed1": run}})
         dashed = flag.replace("_", "-")
         with pytest.raises(ValueError, match=f"different flags \\(--{dashed}: {re.escape(f'{x} / {y}')}\\)"):

@@ -16,6 +16,7 @@ from conftest import stop_at_backward
 import grokking
 import language
 import parity
+import report
 import robustness
 import synthetic
 import vision
@@ -90,6 +91,23 @@ def whole_and_resumed(script, tmp_path, monkeypatch, capsys, device=()):
     assert (cut / "checkpoint.pt").exists() and json.loads((cut / "metrics.json").read_text())["interrupted"]
     monkeypatch.undo()
     return whole, module.main(module.parse_args(["--resume", str(cut), *device])), cut
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(RUNS))
+def test_no_figures_writes_metrics_alone_and_report_draws_them_from_it(script, tmp_path):
+    """--no-figures: the run folder holds no figure, a resumed run keeps the flag, and `python report.py FOLDER`
+    draws every figure afterwards from metrics.json."""
+    module, argv, _ = RUNS[script]
+    argv = argv + ["--out-dir", str(tmp_path), "--run-name", "r", "--no-figures"]
+    if script == "language":
+        argv += ["--data-dir", str(write_glue(tmp_path))]
+    module.main(module.parse_args(argv))
+    folder = tmp_path / script / "r"
+    assert not list(folder.glob("*.png"))
+    assert module.parse_args(["--resume", str(folder)]).no_figures
+    paths = report.main(report.parse_args([str(folder)])) and list(folder.glob("*.png"))
+    assert paths and all(p.stat().st_size > 5000 for p in paths), paths
 
 
 class Killed(BaseException):
