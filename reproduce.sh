@@ -53,17 +53,19 @@ export OMP_NUM_THREADS=1  # one thread per process: torch's threads spin against
 
 # What each scale appends to a script's commands (argparse keeps a flag's last value): nothing at the README's scale;
 # at gpu the paper's sizes (the authors' ViT on all 60,000 Fashion-MNIST images); at smoke, fake data and models so
-# small that every row takes seconds.
+# small that every row takes seconds, and no figures per run (drawing them took a sixth of the smoke's CPU time): the
+# rows' merges draw the same figures, and `python report.py FOLDER` a run's.
 V="" F="" L="" P="" G="" S="" R="" big="10000 60000"
 if [ "$scale" = gpu ]; then
   F="--n-train 60000 --n-test 10000 --depth 8 --heads 32 --dim-head 64"
 elif [ "$scale" = smoke ]; then
   V="--dataset fake28 --n-train 60 --n-test 20 --n-sens 4 --steps 4 --eval-every 1 --batch-size 20 --depth 1 --heads 2
-     --dim-head 8 --dim 16 --mlp-dim 16 --mlp-hidden 16" F=$V big="30 40"
-  L="--task fake --n-sens 8 --sens-positions 4 --epochs 0.2 --eval-every 2 --depth 1 --dim 32 --heads 2 --mlp-dim 32"
-  P="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20 --depth 1"
-  G="--p 13 --epochs 20 --eval-every 10"
-  S="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20"
+     --dim-head 8 --dim 16 --mlp-dim 16 --mlp-hidden 16 --no-figures" F=$V big="30 40"
+  L="--task fake --n-sens 8 --sens-positions 4 --epochs 0.2 --eval-every 2 --depth 1 --dim 32 --heads 2 --mlp-dim 32
+     --no-figures"
+  P="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20 --depth 1 --no-figures"
+  G="--p 13 --epochs 20 --eval-every 10 --no-figures"
+  S="--steps 20 --eval-every 10 --n-train 200 --n-test 50 --n-sens 20 --no-figures"
   R="$V --epochs 1 --n-corrupt 10 --n-sharp 10 --severities 1 --corruptions contrast gaussian_noise"
 fi
 fmnist="--dataset fashionmnist --data-dir $data"
