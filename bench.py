@@ -38,7 +38,8 @@
 - quickstart_s, quickstart_ratio: the README's quick start (`python synthetic.py`, one thread) in a process of its
   own, in seconds, and divided by reference_s, a fixed small training run (training_workload) timed in the same
   process, so that the machine's speed cancels: the README's quick-start time should be quickstart_ratio x
-  reference_s on any machine. With --n-inputs below 10 (a smoke test) the quick start runs 20 steps only.
+  reference_s on any machine. With --n-inputs below 10 (a smoke test) the quick start runs 20 steps only, and
+  eval_sorted and read_token take 32 pairs instead of 256.
 - est_1e6_mem_mb: the growth of peak memory (CUDA: allocated bytes; CPU: process RSS) while the estimator runs 10^6
   perturbed evaluations of a tiny model; bounded by one chunk.
 
@@ -267,7 +268,7 @@ def mrpc_like(n, device, seed=0):
     return tokens.to(device)
 
 
-def bench_language(n, rounds, device):
+def bench_language(n, rounds, device, n_pairs=256):
     """language.py's models at the paper's size (4 layers, width 256, 8 heads) on MRPC-length pairs: the estimator's
     efficiency on the RoBERTa encoder (masked, right-aligned profile, as language.py measures it); the speed-up of
     the prefix cache for the causal models (the same answer, exactly); and of --fused (torch.nn.LSTM) over the
@@ -310,7 +311,7 @@ def bench_language(n, rounds, device):
 
     times = timed_rounds([lambda: measure(True), lambda: measure(False)], device, rounds)
     out["est_bucket_speedup_roberta"] = median([t[1] / t[0] for t in times])
-    pairs = mrpc_like(256, device, seed=2)  # in 8 batches of 32, as MRPC's 5,801 pairs are in 23 of 256
+    pairs = mrpc_like(n_pairs, device, seed=2)  # 256: in 8 batches of 32, as MRPC's 5,801 pairs are in 23 of 256
     labels = torch.zeros(len(pairs), dtype=torch.long, device=device)
 
     @torch.no_grad()
@@ -345,7 +346,7 @@ def bench_scattered(args, images, rounds, device):
     return out
 
 
-def bench_read_token(args, images, rounds, device):
+def bench_read_token(args, images, rounds, device, n_pairs=256):
     """An evaluating ViT (the converged protocol's) and RoBERTa (language.py's) with the last block on the read token
     alone / on every token. The second sets the model's own training flag alone, which is all its forward reads:
     its dropout modules stay in eval mode, so both compute the same function."""
@@ -354,7 +355,7 @@ def bench_read_token(args, images, rounds, device):
     vit = vision.build_model("vit", args, 1, 28, 10).to(device).eval()
     roberta = language.build_model("roberta", "softmax", 1000, language.parse_args([])).to(device).eval()
     gpt2 = language.build_model("gpt2", "softmax", 1000, language.parse_args([])).to(device).eval()
-    tokens, pairs = patchify(images, 4), language.trim(mrpc_like(256, device, seed=3))
+    tokens, pairs = patchify(images, 4), language.trim(mrpc_like(n_pairs, device, seed=3))
     with torch.inference_mode():  # GPT-2 resumes from its clean prefix cache, each pair perturbed at one position
         e, mask = gpt2.embed_normed(pairs), pairs != language.PAD
         cache, _ = gpt2.prefix_cache(e, mask)
@@ -604,6 +605,7 @@ def run_all(args):
     n = args.n_inputs or (1000 if cuda else 100)
     torch.manual_seed(0)
     small = vision.parse_args(["--dataset", "fashionmnist", "--depth", "4", "--heads", "4", "--dim-head", "16"])
+    n_pairs = 256 if n >= 10 else 32  # MRPC-length pairs evaluated by read_token and eval_sorted (a smoke test: 32)
 
     def estimator():
         vit, mlp = TinyViT().to(device), TinyMLP().to(device)
@@ -631,10 +633,11 @@ def run_all(args):
         "estimator": estimator,
         "training": training,
         "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
-        "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
+        "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device,
+                                               n_pairs),
         "sens_during": lambda: bench_sens_during(n, device),
         "paper_vit": lambda: bench_paper_vit(n, args.rounds, device),
-        "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device),
+        "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device, n_pairs),
         "corruptions": lambda: bench_corruptions(device, 10 * n),
         "shared_cpu": lambda: bench_shared_cpu(3 * n, args.rounds),
         "quickstart": lambda: bench_quickstart(30 * n, args.rounds),
