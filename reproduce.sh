@@ -444,8 +444,9 @@ if [ -n "$list" ]; then  # with --only: those rows alone, and their total
   exit 0
 fi
 
-[ -n "$dry" ] || "$python" -c "import torch" 2> /dev/null || {
-  echo "reproduce.sh: '$python' cannot import torch; activate the README's" \
+# (torch found, not imported: an import costs seconds, and every run imports it anyway)
+[ -n "$dry" ] || "$python" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('torch'))" 2> /dev/null || {
+  echo "reproduce.sh: '$python' has no torch; activate the README's" \
     "environment (source .venv/bin/activate) or set PYTHON=/path/to/python" >&2; exit 2; }
 [ -n "$dry" ] || mkdir -p "$out/logs"
 declare -A counted=()  # run folders whose minutes a row has counted: a run two rows share counts for the first

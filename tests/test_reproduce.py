@@ -230,6 +230,20 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     assert code == 2 and out == "reproduce.sh: --only needs a value\n"
 
 
+def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
+    """PYTHON (or python on the PATH) without torch: one line that says how to point reproduce.sh at the README's
+    environment, exit 2, before any row starts."""
+    python = tmp_path / "python"  # this interpreter without its site-packages
+    python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -S "$@"\n')
+    python.chmod(0o755)
+    p = subprocess.run(["bash", os.path.join(ROOT, "reproduce.sh"), "smoke", "--only", "synthetic", "--out",
+                        str(tmp_path / "out")], cwd=ROOT, env=dict(os.environ, PYTHON=str(python)), text=True,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "" and not (tmp_path / "out").exists()
+    assert p.stderr == f"reproduce.sh: '{python}' has no torch; activate the README's environment (source " \
+                       ".venv/bin/activate) or set PYTHON=/path/to/python\n"
+
+
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     """At the gpu scale without the MRPC or ImageNet files: each row says which files to put where and is skipped;
     the claims say it was not run; nothing fails."""
