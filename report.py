@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from common import paired_differences
-from runs import ArgumentParser, cli, ended, load_results, new_run_dir, run_name, write_json
+from runs import RUN_FLAGS, ArgumentParser, cli, ended, load_results, new_run_dir, run_name, write_json
 
 SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
 
@@ -531,8 +531,7 @@ def claims(out_dir):
 
 
 # flags that may differ between the folders of a merge: they change neither what is measured nor how
-FREE = {"seeds", "threads", "device", "run_name", "out_dir", "resume", "save_every", "progress_every", "save_model",
-        "no_figures", "data_dir"}  # (data_dir: where the same dataset files are)
+FREE = RUN_FLAGS | {"seeds", "save_model", "data_dir"}  # (data_dir: where the same dataset files are)
 
 
 def flag_key(flag):

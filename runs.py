@@ -95,6 +95,11 @@ def one_of(names, what):
     return check
 
 
+# the keys of add_run_flags' flags: where and how a run goes, never what it measures (a merge may differ in them, and
+# robustness.py --from-vision does not take them)
+RUN_FLAGS = {"device", "threads", "out_dir", "run_name", "save_every", "resume", "progress_every", "no_figures"}
+
+
 def add_run_flags(p, *, unit, default_name, device="auto", figures=True):
     """The `run` group every script has; `unit` is the loop unit of --save-every (epochs or steps); `figures`: the
     script draws figures at the end of a run (--no-figures leaves them out)."""
@@ -178,8 +183,7 @@ def parse_with(p, argv, folder, script):
     except ValueError as e:
         p.error(f"{folder}: {e}")
     known = vars(p.parse_args([]))
-    skip = {"out_dir", "run_name", "save_model", "threads", "device", "resume", "save_every", "progress_every",
-            "no_figures"}
+    skip = RUN_FLAGS | {"save_model"}
     typed = []
     for key, value in saved.items():
         if key not in known or key in skip or value is None or value is False or value in ({}, []):

@@ -22,7 +22,7 @@ import report
 import robustness
 import synthetic
 import vision
-from runs import ArgumentParser, cli, corrupt_file, torchvision_dataset, write_json
+from runs import RUN_FLAGS, ArgumentParser, add_run_flags, cli, corrupt_file, torchvision_dataset, write_json
 
 SCRIPTS = {"synthetic": synthetic, "vision": vision, "language": language, "robustness": robustness,
            "grokking": grokking, "parity": parity, "bench": bench, "imagenet": imagenet, "report": report}
@@ -197,7 +197,8 @@ def test_defaults_are_the_papers_and_the_authors_settings():
 
 def test_every_script_has_the_run_flags_with_the_defaults_the_readme_gives():
     """The run group (How runs work in the README): one thread (0 means one), out/ for results, a checkpoint only when
-    stopped, a progress line every 20 s; the device is chosen (synthetic.py's tiny model is fastest on the CPU)."""
+    stopped, a progress line every 20 s; the device is chosen (synthetic.py's tiny model is fastest on the CPU).
+    runs.RUN_FLAGS lists the group's flags."""
     for name, module in SCRIPTS.items():
         if name in ("bench", "report"):
             continue
@@ -206,6 +207,9 @@ def test_every_script_has_the_run_flags_with_the_defaults_the_readme_gives():
                                           "progress_every"]}
         assert run_flags == dict(device="cpu" if name == "synthetic" else "auto", threads=0, out_dir="out",
                                  run_name=None, save_every=0, resume=None, progress_every=20), name
+    group = ArgumentParser()
+    add_run_flags(group, unit="steps", default_name="x")
+    assert set(vars(group.parse_args([]))) == RUN_FLAGS  # free in a merge, not taken by --from-vision
 
 
 @pytest.mark.slow
