@@ -26,10 +26,11 @@ ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "
 NUMBER = re.compile(r"[-+]?\d+\.\d+|nan")
 
 
-def reproduce(*args, **kw):
-    env = dict(os.environ, PYTHON=sys.executable)
-    return subprocess.Popen(["bash", os.path.join(ROOT, "reproduce.sh"), *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+def reproduce(*args, python=sys.executable, **kw):
+    """reproduce.sh ARGS running, with PYTHON=python; its stderr goes with its stdout unless kw says otherwise."""
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **kw}
+    return subprocess.Popen(["bash", os.path.join(ROOT, "reproduce.sh"), *args], cwd=ROOT, text=True,
+                            env=dict(os.environ, PYTHON=str(python)), **kw)
 
 
 def gpu_check(*args):
@@ -236,12 +237,12 @@ def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
     python = tmp_path / "python"  # this interpreter without its site-packages
     python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -S "$@"\n')
     python.chmod(0o755)
-    p = subprocess.run(["bash", os.path.join(ROOT, "reproduce.sh"), "smoke", "--only", "synthetic", "--out",
-                        str(tmp_path / "out")], cwd=ROOT, env=dict(os.environ, PYTHON=str(python)), text=True,
-                       capture_output=True, timeout=60)
-    assert p.returncode == 2 and p.stdout == "" and not (tmp_path / "out").exists()
-    assert p.stderr == f"reproduce.sh: '{python}' has no torch; activate the README's environment (source " \
-                       ".venv/bin/activate) or set PYTHON=/path/to/python\n"
+    p = reproduce("smoke", "--only", "synthetic", "--out", str(tmp_path / "out"), python=python,
+                  stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and out == "" and not (tmp_path / "out").exists()
+    assert err == f"reproduce.sh: '{python}' has no torch; activate the README's environment (source " \
+                  ".venv/bin/activate) or set PYTHON=/path/to/python\n"
 
 
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
