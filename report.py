@@ -14,9 +14,7 @@ import re
 from collections import Counter
 
 import numpy as np
-import torch
 
-from common import paired_differences
 from runs import RUN_FLAGS, ArgumentParser, cli, ended, load_results, new_run_dir, run_name, write_json
 
 SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
@@ -49,7 +47,7 @@ def mask_sigma(key):
 
 
 def paired(data, reference, field="per_image"):
-    """common.paired_differences over the runs that hold final[field]."""
+    """paired_differences over the runs that hold final[field]."""
     per_input = {identity(run, r): r["final"][field] for run, r in data["runs"].items() if r["final"].get(field)}
     return paired_differences(per_input, reference)
 
@@ -58,6 +56,34 @@ def over_seeds(values):
     """(mean, standard error of the mean) of per-seed values; the error is NaN for one value."""
     se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
     return float(np.mean(values)), se
+
+
+def paired_differences(per_input, reference):
+    """Paired comparisons of models measured on the same inputs with the same noise (the same `seed` of sensitivity).
+    per_input = {(model, seed): {key: Sensitivity.per_input}}, key naming what was measured (a sigma, say). For every
+    model against `reference`, at each key: per seed, the mean over inputs of (model - reference) and its standard
+    error; over the seeds both have, the mean of those means and its standard error (NaN with one seed). Returns
+    {"reference", "models": {model: {"diff": {key: {"mean", "stderr", "seeds", "per_seed": {"seed<k>": [m, se]}}}}}}."""
+    out = {"reference": reference, "models": {}}
+    for model in dict.fromkeys(m for m, _ in per_input):
+        if model == reference:
+            continue
+        diff = {}  # key -> seed -> [mean, stderr] of the paired differences over inputs
+        for (m, seed), values in per_input.items():
+            ref = per_input.get((reference, seed))
+            if m != model or ref is None:
+                continue
+            for key in values:
+                if key in ref:
+                    d = np.asarray(values[key], dtype=np.float64) - np.asarray(ref[key], dtype=np.float64)
+                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+                    diff.setdefault(key, {})[f"seed{seed}"] = [float(d.mean()), se]
+        res = {}
+        for key, per_seed in diff.items():
+            mean, se = over_seeds([v[0] for v in per_seed.values()])
+            res[key] = {"mean": mean, "stderr": se, "seeds": len(per_seed), "per_seed": per_seed}
+        out["models"][model] = {"diff": res}
+    return out
 
 
 def ms(mean, stderr, fmt=".4f"):
@@ -726,10 +752,10 @@ def draw_vision(data, folder, plt):
                 rows = [{mask_sigma(k)[1]: v["sens"] for k, v in r["final"]["sens_at"].items()
                          if mask_sigma(k)[0] == mask} for r in records]
                 sigmas = sorted(set.intersection(*(set(r) for r in rows)))
-                ys = torch.tensor([[r[s] for s in sigmas] for r in rows])
+                ys = np.array([[r[s] for s in sigmas] for r in rows])
                 line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({seeds(len(rows))})")
                 if len(rows) > 1:
-                    ax.fill_between(sigmas, ys.min(0).values, ys.max(0).values, color=line.get_color(), alpha=0.2)
+                    ax.fill_between(sigmas, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
             ax.set_xscale("log")
             ax.set_xlabel("sigma (noise std on normalised pixels)")
             ax.set_ylabel("sensitivity")
@@ -796,9 +822,10 @@ def draw_language(data, folder, plt):
                 profs = [f["profiles"][align] for f in finals if align in f["profiles"]]
                 if not profs:
                     continue
-                prof = torch.tensor([[math.nan if v is None else v for v in p["sens"]] for p in profs]).nanmean(0)
-                pairs = torch.tensor(profs[0]["pairs"])
-                pos = torch.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
+                sens = np.array([[math.nan if v is None else v for v in p["sens"]] for p in profs])
+                prof = np.ma.masked_invalid(sens).mean(0).filled(math.nan)  # over the seeds that measured it
+                pairs = np.array(profs[0]["pairs"])
+                pos = np.arange(len(prof)) - (len(prof) - 1 if align == "right" else 0)
                 keep = pairs >= pairs.max() / 4  # drop the rare long tail: positions under a quarter of the pairs reach
                 ax.plot(pos[keep], prof[keep], label=f"{name} ({seeds(len(profs))})")
             twin = ax.twinx()

@@ -4,6 +4,7 @@ cli(), --resume through the parser, and report.py's redraw and merge of run fold
 import importlib
 import io
 import json
+import math
 import os
 import random
 import re
@@ -789,14 +790,37 @@ def test_the_robustness_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_
     assert capsys.readouterr().out.splitlines() == out[:-1]
 
 
+def test_paired_differences_against_hand_computed_values():
+    """Per seed: the mean over inputs of (model - reference) and its standard error over inputs; over the seeds the
+    mean of those means and its standard error over seeds; the reference itself is not listed, a model without the
+    reference's seed is skipped, and one seed has no standard error over seeds."""
+    per_input = {("vit", 0): {"1": [0.1, 0.2, 0.3]}, ("mlp", 0): {"1": [0.2, 0.4, 0.3]},
+                 ("vit", 1): {"1": [0.0, 0.0, 0.2]}, ("mlp", 1): {"1": [0.1, 0.1, 0.1]},
+                 ("mlp", 2): {"1": [9.0, 9.0, 9.0]}, ("cnn", 0): {"1": [0.1, 0.2, 0.3]}}
+    out = report.paired_differences(per_input, "vit")
+    assert out["reference"] == "vit" and set(out["models"]) == {"mlp", "cnn"}
+    d = out["models"]["mlp"]["diff"]["1"]
+    assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])
+    assert d["per_seed"]["seed1"] == pytest.approx([1 / 30, math.sqrt(0.04 / 3) / math.sqrt(3)])
+    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2) and d["seeds"] == 2 and "seed2" not in d["per_seed"]
+    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
+    c = out["models"]["cnn"]["diff"]["1"]
+    assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
+
+
+def test_a_key_the_reference_lacks_is_not_paired():
+    """paired_differences compares a model with the reference only at the keys both were measured at."""
+    out = report.paired_differences({("a", 0): {"0.1": [1.0, 0.0], "0.5": [1.0, 1.0]}, ("b", 0): {"0.1": [0.0, 0.0]}},
+                                    "b")
+    assert list(out["models"]["a"]["diff"]) == ["0.1"] and out["models"]["a"]["diff"]["0.1"]["mean"] == 0.5
+
+
 def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():
     """A paired difference of one seed has no standard error over seeds: the summary gives its standard error over
     the inputs and says so; with two seeds, the error over seeds."""
-    from common import paired_differences
-
-    one = paired_differences({("a", 0): {"k": [0, 1, 0, 1]}, ("b", 0): {"k": [0, 0, 0, 0]}}, "b")
+    one = report.paired_differences({("a", 0): {"k": [0, 1, 0, 1]}, ("b", 0): {"k": [0, 0, 0, 0]}}, "b")
     assert report.paired_text(one["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.2887 (1 seed, s.e. over inputs)"
-    two = paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
+    two = report.paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
                               ("b", 1): {"k": [0, 0]}}, "b")
     assert report.paired_text(two["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.5000 (2 seeds)"
 
