@@ -1,4 +1,4 @@
-"""Figures and summaries from finished run folders: it reads metrics.json files and never imports a model.
+"""Figures and summaries from finished run folders: it reads metrics.json files and never imports a model, nor torch.
 
     python report.py out/vision/fashionmnist-vit-mlp                 # redraw a run's figures, print its summary
     python report.py out/vision/seed0 out/vision/seed1 out/vision/seed2 --run-name fmnist-3seeds

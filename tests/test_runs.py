@@ -539,6 +539,26 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_report_merges_draws_and_times_without_torch(tmp_path):
+    """report.py never imports torch (nor common.py), so a merge, --times or --claims starts in 0.3 s, not 3.8:
+    the smoke calls it up to 37 times. A merge of two vision.py seeds (paired differences and figures), their
+    --times and --claims, in a process of their own, with the numbers of the same merge here."""
+    a, b = vision_run(tmp_path, "s0", "--seeds", "0"), vision_run(tmp_path, "s1", "--seeds", "1")
+    code = ("import sys, report\n"
+            "report.main(report.parse_args(sys.argv[1:]))\n"
+            "report.main(report.parse_args(['--times', *sys.argv[1:3]]))\n"
+            "report.main(report.parse_args(['--claims', sys.argv[4]]))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'common'}))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code, a, b, "--out-dir", str(tmp_path), "--run-name", "m"], cwd=root,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
+    assert "| total " in out.stdout and (tmp_path / "vision" / "m" / "sigma_sweep.png").stat().st_size > 5000
+    here = report.merge([a, b])["paired"]
+    assert load_results(str(tmp_path / "vision" / "m"))["paired"] == here and here["models"]["mlp"]["diff"]
+
+
+@pytest.mark.slow
 def test_report_merges_one_model_at_two_sizes_named_by_its_flags(tmp_path):
     """The same model in folders that differ in a flag the merge varies (the MLP at two widths, as the ViT at two
     sizes in reproduce.sh's vitsize row) is named by its values there and paired like two models: the difference is
