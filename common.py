@@ -267,3 +267,34 @@ def unpatchify(tokens, p, image_shape):
     x = tokens.reshape(B, H // p, W // p, C, p, p).permute(0, 3, 1, 4, 2, 5)
     return x.reshape(B, C, H, W)
 
+
+# -----------------------------------------------------------------------------
+# paired comparisons of models measured on the same inputs with the same noise
+
+
+def paired_differences(per_input, reference):
+    """Paired comparisons of models measured on the same inputs with the same noise (the same `seed` of sensitivity).
+    per_input = {(model, seed): {key: Sensitivity.per_input}}, key naming what was measured (a sigma, say). For every
+    model against `reference`, at each key: per seed, the mean over inputs of (model - reference) and its standard
+    error; over the seeds both have, the mean of those means and its standard error (NaN with one seed). Returns
+    {"reference", "models": {model: {"diff": {key: {"mean", "stderr", "seeds", "per_seed": {"seed<k>": [m, se]}}}}}}."""
+    out = {"reference": reference, "models": {}}
+    for model in dict.fromkeys(m for m, _ in per_input):
+        if model == reference:
+            continue
+        diff = {}  # key -> seed -> [mean, stderr] of the paired differences over inputs
+        for (m, seed), values in per_input.items():
+            ref = per_input.get((reference, seed))
+            if m != model or ref is None:
+                continue
+            for key in values:
+                if key in ref:
+                    d = torch.tensor(values[key], dtype=torch.float64) - torch.tensor(ref[key], dtype=torch.float64)
+                    diff.setdefault(key, {})[f"seed{seed}"] = [d.mean().item(), (d.std() / math.sqrt(len(d))).item()]
+        res = {}
+        for key, per_seed in diff.items():
+            means = torch.tensor([v[0] for v in per_seed.values()], dtype=torch.float64)
+            se = (means.std() / math.sqrt(len(means))).item() if len(means) > 1 else math.nan
+            res[key] = {"mean": means.mean().item(), "stderr": se, "seeds": len(means), "per_seed": per_seed}
+        out["models"][model] = {"diff": res}
+    return out

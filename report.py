@@ -1,4 +1,4 @@
-"""Figures and summaries from finished run folders: it reads metrics.json files and never imports a model, nor torch.
+"""Figures and summaries from finished run folders: it reads metrics.json files and never imports a model.
 
     python report.py out/vision/fashionmnist-vit-mlp                 # redraw a run's figures, print its summary
     python report.py out/vision/seed0 out/vision/seed1 out/vision/seed2 --run-name fmnist-3seeds
@@ -47,7 +47,9 @@ def mask_sigma(key):
 
 
 def paired(data, reference, field="per_image"):
-    """paired_differences over the runs that hold final[field]."""
+    """common.paired_differences over the runs that hold final[field]."""
+    from common import paired_differences  # here: common.py imports torch (3.5 s), which report.py's other calls skip
+
     per_input = {identity(run, r): r["final"][field] for run, r in data["runs"].items() if r["final"].get(field)}
     return paired_differences(per_input, reference)
 
@@ -56,34 +58,6 @@ def over_seeds(values):
     """(mean, standard error of the mean) of per-seed values; the error is NaN for one value."""
     se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
     return float(np.mean(values)), se
-
-
-def paired_differences(per_input, reference):
-    """Paired comparisons of models measured on the same inputs with the same noise (the same `seed` of sensitivity).
-    per_input = {(model, seed): {key: Sensitivity.per_input}}, key naming what was measured (a sigma, say). For every
-    model against `reference`, at each key: per seed, the mean over inputs of (model - reference) and its standard
-    error; over the seeds both have, the mean of those means and its standard error (NaN with one seed). Returns
-    {"reference", "models": {model: {"diff": {key: {"mean", "stderr", "seeds", "per_seed": {"seed<k>": [m, se]}}}}}}."""
-    out = {"reference": reference, "models": {}}
-    for model in dict.fromkeys(m for m, _ in per_input):
-        if model == reference:
-            continue
-        diff = {}  # key -> seed -> [mean, stderr] of the paired differences over inputs
-        for (m, seed), values in per_input.items():
-            ref = per_input.get((reference, seed))
-            if m != model or ref is None:
-                continue
-            for key in values:
-                if key in ref:
-                    d = np.asarray(values[key], dtype=np.float64) - np.asarray(ref[key], dtype=np.float64)
-                    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
-                    diff.setdefault(key, {})[f"seed{seed}"] = [float(d.mean()), se]
-        res = {}
-        for key, per_seed in diff.items():
-            mean, se = over_seeds([v[0] for v in per_seed.values()])
-            res[key] = {"mean": mean, "stderr": se, "seeds": len(per_seed), "per_seed": per_seed}
-        out["models"][model] = {"diff": res}
-    return out
 
 
 def ms(mean, stderr, fmt=".4f"):

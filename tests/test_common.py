@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from common import (chunk_seed, default_batch_size, flip, gaussian, patchify, replace, sensitivity,
+from common import (chunk_seed, default_batch_size, flip, gaussian, paired_differences, patchify, replace, sensitivity,
                     sensitivity_counts, summarise, unpatchify)
 
 
@@ -330,6 +330,24 @@ def test_bad_arguments_say_what_is_wrong(kwargs, message):
         sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), gaussian(1), **kwargs)
 
 
+def test_paired_differences_against_hand_computed_values():
+    """Per seed: the mean over inputs of (model - reference) and its standard error over inputs; over the seeds the
+    mean of those means and its standard error over seeds; the reference itself is not listed, a model without the
+    reference's seed is skipped, and one seed has no standard error over seeds."""
+    per_input = {("vit", 0): {"1": [0.1, 0.2, 0.3]}, ("mlp", 0): {"1": [0.2, 0.4, 0.3]},
+                 ("vit", 1): {"1": [0.0, 0.0, 0.2]}, ("mlp", 1): {"1": [0.1, 0.1, 0.1]},
+                 ("mlp", 2): {"1": [9.0, 9.0, 9.0]}, ("cnn", 0): {"1": [0.1, 0.2, 0.3]}}
+    out = paired_differences(per_input, "vit")
+    assert out["reference"] == "vit" and set(out["models"]) == {"mlp", "cnn"}
+    d = out["models"]["mlp"]["diff"]["1"]
+    assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])
+    assert d["per_seed"]["seed1"] == pytest.approx([1 / 30, math.sqrt(0.04 / 3) / math.sqrt(3)])
+    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2) and d["seeds"] == 2 and "seed2" not in d["per_seed"]
+    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
+    c = out["models"]["cnn"]["diff"]["1"]
+    assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
+
+
 @pytest.mark.parametrize("call,error,message", [
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], [[[1.0]]], gaussian(1)), TypeError, "x must be a torch.Tensor"),
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2).numpy(), gaussian(1)), TypeError, "x must"),
@@ -448,8 +466,11 @@ def test_the_u_th_draw_is_the_u_th_valid_position_in_order(monkeypatch):
     assert sorted(told) == [(0, valid[0][50])] * 3 + [(1, valid[1][120])] * 3 == [(0, 150)] * 3 + [(1, 151)] * 3
 
 
-def test_the_chunk_seeds_never_change():
-    """chunk_seed, the noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63: the same seed
-    re-measures the same noise in any later version."""
+def test_a_key_the_reference_lacks_is_not_paired_and_the_chunk_seeds_never_change():
+    """paired_differences compares a model with the reference only at the keys both were measured at. chunk_seed, the
+    noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63: the same seed re-measures the same
+    noise in any later version."""
+    out = paired_differences({("a", 0): {"0.1": [1.0, 0.0], "0.5": [1.0, 1.0]}, ("b", 0): {"0.1": [0.0, 0.0]}}, "b")
+    assert list(out["models"]["a"]["diff"]) == ["0.1"] and out["models"]["a"]["diff"]["0.1"]["mean"] == 0.5
     assert chunk_seed(0, 1) == 0xBF58476D1CE4E5B9 - 2**63 and chunk_seed(1, 0) == 0x9E3779B97F4A7C15 - 2**63
     assert chunk_seed(5, 3) == (5 * 0x9E3779B97F4A7C15 + 3 * 0xBF58476D1CE4E5B9) % 2**63 > 2**62

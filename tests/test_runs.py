@@ -4,7 +4,6 @@ cli(), --resume through the parser, and report.py's redraw and merge of run fold
 import importlib
 import io
 import json
-import math
 import os
 import random
 import re
@@ -539,23 +538,28 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_report_merges_draws_and_times_without_torch(tmp_path):
-    """report.py never imports torch (nor common.py), so a merge, --times or --claims starts in 0.3 s, not 3.8:
-    the smoke calls it up to 37 times. A merge of two vision.py seeds (paired differences and figures), their
-    --times and --claims, in a process of their own, with the numbers of the same merge here."""
+def test_report_imports_torch_only_to_make_paired_differences(tmp_path):
+    """report.py imports torch (through common.py) only when a merge makes paired differences, so --times, --claims,
+    a redraw and the other merges start in 0.3 s instead of 3.8: the smoke calls it up to 37 times. In a process of
+    its own: --times, --claims and a redraw leave torch unimported; the merge of two vision.py seeds imports it and
+    writes the numbers of the same merge here."""
     a, b = vision_run(tmp_path, "s0", "--seeds", "0"), vision_run(tmp_path, "s1", "--seeds", "1")
     code = ("import sys, report\n"
-            "report.main(report.parse_args(sys.argv[1:]))\n"
-            "report.main(report.parse_args(['--times', *sys.argv[1:3]]))\n"
-            "report.main(report.parse_args(['--claims', sys.argv[4]]))\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'common'}))")
+            "a, b, out = sys.argv[1:]\n"
+            "loaded = lambda: print('imported', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'common'}))\n"
+            "for argv in [['--times', a, b], ['--claims', out], [a]]:\n"
+            "    report.main(report.parse_args(argv))\n"
+            "loaded()\n"
+            "report.main(report.parse_args([a, b, '--out-dir', out, '--run-name', 'm']))\n"
+            "loaded()")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", code, a, b, "--out-dir", str(tmp_path), "--run-name", "m"], cwd=root,
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
-    assert "| total " in out.stdout and (tmp_path / "vision" / "m" / "sigma_sweep.png").stat().st_size > 5000
+    out = subprocess.run([sys.executable, "-c", code, a, b, str(tmp_path)], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    imported = [line for line in out.stdout.splitlines() if line.startswith("imported ")]
+    assert imported == ["imported []", "imported ['common', 'torch']"] and "| total " in out.stdout
     here = report.merge([a, b])["paired"]
     assert load_results(str(tmp_path / "vision" / "m"))["paired"] == here and here["models"]["mlp"]["diff"]
+    assert (tmp_path / "vision" / "m" / "sigma_sweep.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
@@ -810,37 +814,14 @@ def test_the_robustness_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_
     assert capsys.readouterr().out.splitlines() == out[:-1]
 
 
-def test_paired_differences_against_hand_computed_values():
-    """Per seed: the mean over inputs of (model - reference) and its standard error over inputs; over the seeds the
-    mean of those means and its standard error over seeds; the reference itself is not listed, a model without the
-    reference's seed is skipped, and one seed has no standard error over seeds."""
-    per_input = {("vit", 0): {"1": [0.1, 0.2, 0.3]}, ("mlp", 0): {"1": [0.2, 0.4, 0.3]},
-                 ("vit", 1): {"1": [0.0, 0.0, 0.2]}, ("mlp", 1): {"1": [0.1, 0.1, 0.1]},
-                 ("mlp", 2): {"1": [9.0, 9.0, 9.0]}, ("cnn", 0): {"1": [0.1, 0.2, 0.3]}}
-    out = report.paired_differences(per_input, "vit")
-    assert out["reference"] == "vit" and set(out["models"]) == {"mlp", "cnn"}
-    d = out["models"]["mlp"]["diff"]["1"]
-    assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])
-    assert d["per_seed"]["seed1"] == pytest.approx([1 / 30, math.sqrt(0.04 / 3) / math.sqrt(3)])
-    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2) and d["seeds"] == 2 and "seed2" not in d["per_seed"]
-    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
-    c = out["models"]["cnn"]["diff"]["1"]
-    assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
-
-
-def test_a_key_the_reference_lacks_is_not_paired():
-    """paired_differences compares a model with the reference only at the keys both were measured at."""
-    out = report.paired_differences({("a", 0): {"0.1": [1.0, 0.0], "0.5": [1.0, 1.0]}, ("b", 0): {"0.1": [0.0, 0.0]}},
-                                    "b")
-    assert list(out["models"]["a"]["diff"]) == ["0.1"] and out["models"]["a"]["diff"]["0.1"]["mean"] == 0.5
-
-
 def test_a_one_seed_difference_is_printed_with_its_error_over_the_inputs():
     """A paired difference of one seed has no standard error over seeds: the summary gives its standard error over
     the inputs and says so; with two seeds, the error over seeds."""
-    one = report.paired_differences({("a", 0): {"k": [0, 1, 0, 1]}, ("b", 0): {"k": [0, 0, 0, 0]}}, "b")
+    from common import paired_differences
+
+    one = paired_differences({("a", 0): {"k": [0, 1, 0, 1]}, ("b", 0): {"k": [0, 0, 0, 0]}}, "b")
     assert report.paired_text(one["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.2887 (1 seed, s.e. over inputs)"
-    two = report.paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
+    two = paired_differences({("a", 0): {"k": [1, 1]}, ("b", 0): {"k": [0, 0]}, ("a", 1): {"k": [0, 0]},
                               ("b", 1): {"k": [0, 0]}}, "b")
     assert report.paired_text(two["models"]["a"]["diff"]["k"]) == "+0.5000 +- 0.5000 (2 seeds)"
 

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the metric, loss and option code of each file, and the tests that guard it (test_cli.py: every script's bad input)
 TARGETS = {
     "common.py": (["gaussian", "replace", "flip", "predict", "not_finite", "sensitivity", "sensitivity_counts",
-                   "summarise", "patchify", "unpatchify", "chunk_seed",
+                   "summarise", "paired_differences", "patchify", "unpatchify", "chunk_seed",
                    "default_batch_size"],
                   ["tests/test_common.py", "tests/test_scale.py"]),
     "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume",
@@ -53,7 +53,7 @@ TARGETS = {
                 # robustness: parse_with; test_scale: torchrun and --resume
                 ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py", "tests/test_scale.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
-                   "language_paired", "robustness_summary", "merge", "paired_differences",
+                   "language_paired", "robustness_summary", "merge",
                    # what prints the claims table's numbers (report.py --claims)
                    "over_seeds", "pm", "paired_text", "own_numbers", "matched_accuracy", "end_point", "spearman",
                    "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
