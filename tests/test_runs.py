@@ -187,7 +187,8 @@ def test_divergence_rule(tmp_path, capsys):
 
 def test_cli_exit_codes(tmp_path, capsys):
     """cli(): a normal run returns; ValueError / FileNotFoundError (as 'reason: file') / out of memory -> 2, a
-    diverged run -> 3, Ctrl-C -> 130, each with one line on stderr and metrics.json marked interrupted."""
+    diverged run -> 3, Ctrl-C -> 130, each with one line on stderr and metrics.json marked interrupted; any other
+    RuntimeError is a bug and keeps its traceback."""
     def main_of(body):
         def main(args):
             return body()
@@ -214,6 +215,8 @@ def test_cli_exit_codes(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == code and text in err and len(err.strip().splitlines()) == 1, err
     assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli(main_of(lambda: (_ for _ in ()).throw(RuntimeError("a bug"))), parse, [])
 
 
 def test_an_error_in_a_run_keeps_its_training_state_and_other_ranks_write_nothing(tmp_path):
