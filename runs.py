@@ -259,9 +259,8 @@ def cli(main, parse_args, argv=None):
     finally:
         signal.signal(signal.SIGTERM, previous)
         rank = ranks()[0]
-        torch = sys.modules.get("torch")
-        if torch and torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        if group := process_group():
+            group.destroy_process_group()
     if message and rank == 0:
         print(f"{script}: {message}", file=sys.stderr)
     if code:
@@ -319,12 +318,19 @@ def setup(args):
     return get_device(args.device)
 
 
-def ranks():
-    """(rank, number of processes): (0, 1) outside torchrun, and in a process that never imported torch (report.py)."""
+def process_group():
+    """torch.distributed once this process has joined a process group (under torchrun), else None: also in a process
+    that never imported torch (report.py)."""
     torch = sys.modules.get("torch")
     if torch and torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+        return torch.distributed
+    return None
+
+
+def ranks():
+    """(rank, number of processes): (0, 1) outside torchrun."""
+    group = process_group()
+    return (group.get_rank(), group.get_world_size()) if group else (0, 1)
 
 
 def all_sum(*values):
@@ -868,13 +874,13 @@ class Results:
             self.write_checkpoint()
 
     def write_checkpoint(self):
+        import torch
+
         if self.latest is None or not self.write:
             return
         run, state = self.latest
         if not self._run(run)["history"]:  # metrics.json lists the run before its first checkpoint exists (a run with
             self.save()  # rows is on disk already), so a kill -9 between the two never leaves one --resume refuses
-        import torch
-
         path = os.path.join(self.folder, "checkpoint.pt")
         try:
             torch.save({"run": str(run), "state": state}, path + ".tmp")

@@ -47,9 +47,9 @@ TARGETS = {
                  # what keeps a run's results and seeds (Ctrl-C, checkpoints, torchrun, threads, data files)
                  "seed_all", "strict_json", "one_at_a_time", "corrupt_file", "rng_state", "snapshot", "Results.log",
                  "Results.save", "Results.write_checkpoint", "Results.recording", "Results.stop_progress",
-                 "Progress.end_early", "for_training", "all_sum", "ranks", "get_device", "set_threads", "one_of",
-                 "torchvision_dataset", "setup", "_terminate", "add_run_flags", "Results._run", "Results.__init__",
-                 "Progress.line", "Progress.tell", "ArgumentParser.error"],
+                 "Progress.end_early", "for_training", "all_sum", "ranks", "process_group", "get_device", "set_threads",
+                 "one_of", "torchvision_dataset", "setup", "_terminate", "add_run_flags", "Results._run",
+                 "Results.__init__", "Progress.line", "Progress.tell", "ArgumentParser.error"],
                 # robustness: parse_with; test_scale: torchrun and --resume
                 ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py", "tests/test_scale.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
