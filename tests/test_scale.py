@@ -144,6 +144,32 @@ def test_killed_right_after_the_first_checkpoint_resumes(script, tmp_path, monke
     assert without_time(resumed["runs"]) == without_time(whole["runs"])
 
 
+@pytest.mark.slow
+def test_resumed_without_its_checkpoint_keeps_finished_models_and_restarts_the_rest(tmp_path, monkeypatch, capsys):
+    """A run folder carried back from a lent GPU comes without checkpoint.pt (too large to return): --resume keeps
+    the models that finished, trains the unfinished one again from its start, and ends with an uninterrupted run's
+    numbers."""
+    _, argv, _ = RUNS["vision"]  # the ViT, then the MLP: 9 training steps each
+    argv = argv + ["--out-dir", str(tmp_path)]
+    whole = vision.main(vision.parse_args(argv + ["--run-name", "whole"]))
+    stop_at_backward(monkeypatch, 12)  # the MLP's third step
+    with pytest.raises(SystemExit) as e:
+        cli(vision.main, vision.parse_args, argv + ["--run-name", "cut"])
+    assert e.value.code == 130
+    monkeypatch.undo()
+    cut = tmp_path / "vision" / "cut"
+    (cut / "checkpoint.pt").unlink()
+    stopped = json.loads((cut / "metrics.json").read_text())["runs"]
+    assert stopped["vit/seed0"]["final"] and stopped["mlp/seed0"]["history"] and not stopped["mlp/seed0"]["final"]
+    steps = []
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, real=torch.optim.SGD.step, **k:
+                        steps.append(1) or real(self, *a, **k))
+    resumed = vision.main(vision.parse_args(["--resume", str(cut)]))
+    assert "no checkpoint: unfinished runs restart" in capsys.readouterr().out
+    assert len(steps) == 9  # the MLP's steps alone, all of them
+    assert without_time(resumed["runs"]) == without_time(whole["runs"])
+
+
 def one_and_two_processes(argv, tmp_path, run):
     """The record of `run` after `python *argv` and after torchrun --nproc_per_node=2 of the same (rank 0 alone
     writes one run folder)."""
