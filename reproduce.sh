@@ -15,6 +15,7 @@
 # torchvision and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/,
 # train_32x32.mat and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder), CIFAR-10-C/, frost/ (the
 # six frost textures) where present (gpu).
+[ -n "${BASH_VERSION:-}" ] || { echo "reproduce.sh: run it with bash (bash reproduce.sh ...), not sh" >&2; exit 2; }
 set -euo pipefail
 cd "$(dirname "$0")"
 (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 403 )) || {  # declare -A and wait -n (macOS ships bash 3.2)

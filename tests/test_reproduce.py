@@ -1,12 +1,13 @@
 """reproduce.sh: every claims-table row at the smoke scale (fake data, seconds per run), with its merges and the
 claims report.py prints from them; --list and --only; --dry-run's commands at the cpu and gpu scales, which every
-script accepts; a row whose data is missing is skipped with one line; and a rerun after Ctrl-C, SIGTERM or kill -9
-ends with the numbers of an uninterrupted run."""
+script accepts; a row whose data is missing is skipped with one line, and `sh reproduce.sh` stops with one (it needs
+bash); and a rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
 
 import importlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,6 +211,17 @@ def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp
     assert "  mnist01-seed0: done before" in p.stdout and "  mnist01-seed1: resumed" in p.stdout, p.stdout
     assert "  cases: started" in p.stdout and (tmp_path / "out" / "synthetic" / "cases" / ".done").exists()
     assert (folder / "mnist01-seed1" / ".done").exists() and (folder / "mnist01" / "metrics.json").exists()
+
+
+def test_run_with_sh_it_says_to_use_bash_in_one_line():
+    """`sh reproduce.sh` (dash, the sh of Debian and Ubuntu) stops before anything else with one line that says to run
+    it with bash, not with set's "Illegal option -o pipefail"."""
+    dash = shutil.which("dash")
+    if dash is None:
+        pytest.skip("no dash on this machine")
+    p = subprocess.run([dash, "reproduce.sh", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == "reproduce.sh: run it with bash (bash reproduce.sh ...), not sh\n", p.stderr
 
 
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):
