@@ -213,15 +213,17 @@ def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp
     assert (folder / "mnist01-seed1" / ".done").exists() and (folder / "mnist01" / "metrics.json").exists()
 
 
-def test_run_with_sh_it_says_to_use_bash_in_one_line():
+@pytest.mark.parametrize("script", ["reproduce.sh", "tools/gpu_check.sh"])
+def test_run_with_sh_it_says_to_use_bash_in_one_line(script):
     """`sh reproduce.sh` (dash, the sh of Debian and Ubuntu) stops before anything else with one line that says to run
-    it with bash, not with set's "Illegal option -o pipefail"."""
+    it with bash, not with set's "Illegal option -o pipefail"; so does `sh tools/gpu_check.sh`."""
     dash = shutil.which("dash")
     if dash is None:
         pytest.skip("no dash on this machine")
-    p = subprocess.run([dash, "reproduce.sh", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([dash, script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    name = os.path.basename(script)
     assert (p.returncode, p.stdout) == (2, "")
-    assert p.stderr == "reproduce.sh: run it with bash (bash reproduce.sh ...), not sh\n", p.stderr
+    assert p.stderr == f"{name}: run it with bash (bash {script} ...), not sh\n", p.stderr
 
 
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):

@@ -15,6 +15,8 @@
 # the next seed (about 11-12 min of an H200 each). Everything it measured, without checkpoints, is packed into
 # RESULTS_DIR.tgz: one log per step in RESULTS_DIR, and the run folders and logs of out/ (a machine lent for minutes may
 # give back few files).
+[ -n "${BASH_VERSION:-}" ] || {
+  echo "gpu_check.sh: run it with bash (bash tools/gpu_check.sh ...), not sh" >&2; exit 2; }
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
