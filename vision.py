@@ -45,7 +45,7 @@ LR = {"vit": 0.1, "vit-simple": 0.2, "convmixer": 0.06, "resnet18": 0.001, "dens
       "mlp-sigmoid": 0.5, "cnn": 0.005}
 LR_MNIST01 = 0.01  # ViT-small and the MLP on MNIST 0 vs 1 [paper]
 SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep: noise stds from far below to far above the pixel range
-CPU_SIZE = ("the README's CPU-sized protocol (its ViT alone: 13 min on one thread): python vision.py --dataset "
+CPU_SIZE = ("the README's CPU-sized protocol (its ViT alone: 13-18 min on one thread): python vision.py --dataset "
             "fashionmnist --n-train 3000 --epochs 30 --depth 4 --heads 4 --dim-head 16 --sigma 0.1 1")
 
 
