@@ -154,12 +154,14 @@ class ParityTransformer(nn.Module):
                                       for _ in range(depth)])
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2))
 
-    def forward(self, x):  # x (B, n, 1) in {-1, +1}
+    def embed(self, x):  # x (B, n, 1) in {-1, +1} -> (B, n + 1, dim): the class token, then the bits
         tok = self.bit((x[..., 0] > 0).long())  # (B, n, dim)
-        h = self.blocks[:-1](torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos)  # (B, n + 1, dim)
-        # evaluating, the last block computes the class token alone, all the head reads (the same logits up to float
-        # rounding); training computes every token, as the reported runs were trained
-        return self.head(self.blocks[-1](h, rows=None if self.training else 1)[:, 0])  # two logits from the class
+        return torch.cat([self.cls.expand(len(x), -1, -1), tok], dim=1) + self.pos
+
+    def forward(self, x):
+        # the last block computes the class token alone, all the head reads: the same logits and gradients as every
+        # token's computation up to float rounding, a training step 1.3-1.8x faster (bench.py)
+        return self.head(self.blocks[-1](self.blocks[:-1](self.embed(x)), rows=1)[:, 0])  # two logits from the class
 
 
 # -----------------------------------------------------------------------------

@@ -297,9 +297,16 @@ def test_the_transformer_computes_its_formula():
     assert out.shape == (5, 2)
     assert torch.allclose(out, model.head(h[:, 0]), atol=1e-5)
     h = embedded(model)
-    assert model.blocks[-1](h, rows=1).shape == (5, 1, 64)  # evaluating, the last block computes the class alone
+    assert torch.equal(model.embed(x), h)
+    assert model.blocks[-1](h, rows=1).shape == (5, 1, 64)  # the last block computes the class alone
     assert torch.equal(out, model.head(model.blocks[-1](model.blocks[0](h), rows=1)[:, 0]))
-    assert torch.equal(model.train()(x), model.head(model.blocks(h)[:, 0]))  # training: every token, as before
+    assert torch.equal(model.train()(x), out)  # training too (no dropout)
+    grads = []  # and it trains as every token's computation would, up to float rounding
+    for logits in [model(x), model.head(model.blocks(embedded(model))[:, 0])]:
+        model.zero_grad()
+        F.cross_entropy(logits, torch.arange(5) % 2).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert (grads[0] != 0).sum() > 0.9 * len(grads[0]) and torch.allclose(grads[0], grads[1], atol=1e-6)
     for depth in [1, 3]:  # the blocks before the last, and the last, whatever the depth
         deep = parity.ParityTransformer(10, 64, 4, depth).eval()
         assert torch.allclose(deep(x), deep.head(deep.blocks(embedded(deep))[:, 0]), atol=1e-5), depth
