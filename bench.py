@@ -22,6 +22,9 @@
   reads (the ViT's class token, RoBERTa's <s>, GPT-2's last real token) / with every token, as in training: the ViT's
   sensitivity (patch mask), RoBERTa's forward passes over MRPC-length pairs in batches of 64, and GPT-2's passes over
   the same pairs resumed from its prefix cache, each perturbed at one position; the same predictions.
+  read_token_train_speedup_parity_<64|128>: an AdamW training step of parity.py's transformer (batch 256 of 20 bits,
+  width 64 as its settings 1-4 and 6, 128 as setting 5) with the last block computing the class token alone, as
+  parity.py trains / every token; the same gradients up to float rounding.
 - sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
   needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
 - paper_vit_step_ms: a training step of the authors' ViT at the paper's size (depth 8, 32 heads of 64; a batch of 100
@@ -379,6 +382,33 @@ def bench_read_token(args, images, rounds, device, n_pairs=256):
         for name, model in [("vit", vit), ("roberta", roberta), ("gpt2", gpt2)]}
 
 
+def bench_read_token_training(n, rounds, device):
+    """parity.py's training step, its last block on the class token alone (the model's forward) / on every token."""
+    import parity
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randint(0, 2, (n, 20, 1), generator=g) * 2 - 1).float().to(device)
+    y = torch.randint(0, 2, (n,), generator=g).to(device)
+
+    def speedup(dim):
+        model = parity.ParityTransformer(20, dim, 4, 2).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def steps(forward):
+            for _ in range(5):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(forward(x), y).backward()
+                opt.step()
+
+        def every_token(x):
+            return model.head(model.blocks(model.embed(x))[:, 0])
+
+        return median([t[1] / t[0] for t in timed_rounds([lambda: steps(model), lambda: steps(every_token)],
+                                                         device, rounds)])
+
+    return {f"read_token_train_speedup_parity_{dim}": speedup(dim) for dim in [64, 128]}
+
+
 def bench_sens_during(n, device):
     """sens_needed_speedup_vit: the wall time of a vision.py training run of the converged protocol's ViT (depth 4, 4
     heads of 16; 3n 28x28 images, 9 epochs, an evaluation after each, the patch mask at sigma 0.1 and 1 on n / 10
@@ -634,7 +664,8 @@ def run_all(args):
         "training": training,
         "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
         "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device,
-                                               n_pairs),
+                                               n_pairs) | bench_read_token_training(256 if n >= 10 else 16,
+                                                                                    args.rounds, device),
         "sens_during": lambda: bench_sens_during(n, device),
         "paper_vit": lambda: bench_paper_vit(n, args.rounds, device),
         "language": lambda: bench_language(256 if cuda else max(2, n // 12), args.rounds, device, n_pairs),
