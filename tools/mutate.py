@@ -115,7 +115,8 @@ TARGETS = {
                     ["tests/test_grokking.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "parity.py": (["make_task", "parity", "walsh_hadamard", "exact_sensitivity", "evaluate", "measure_sensitivity",
                    "train_one", "Block.__init__", "Block.forward", "ParityTransformer.__init__",
-                   "ParityTransformer.forward", "main", "setting", "all_inputs", "parse_args"],
+                   "ParityTransformer.embed", "ParityTransformer.forward", "main", "setting", "all_inputs",
+                   "parse_args"],
                   ["tests/test_parity.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
