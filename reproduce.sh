@@ -343,7 +343,7 @@ for i in range(4):
   run pretrained imagenet.py $c
 }
 
-row parity 185 "App. A.6: sensitivity during the parity plateau, then k (5 settings x 3 seeds)"
+row parity 178 "App. A.6: sensitivity during the parity plateau, then k (5 settings x 3 seeds)"
 do_parity() {
   for st in 1 3 4 5 6; do for s in $seeds; do run s$st-seed$s parity.py --setting $st --seeds $s $P; done; done
   merge settings-3seeds parity $(for st in 1 3 4 5 6; do per_seed "$out"/parity/s$st-seed%; done) --vary setting
