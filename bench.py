@@ -24,7 +24,9 @@
   the same pairs resumed from its prefix cache, each perturbed at one position; the same predictions.
   read_token_train_speedup_parity_<64|128>: an AdamW training step of parity.py's transformer (batch 256 of 20 bits,
   width 64 as its settings 1-4 and 6, 128 as setting 5) with the last block computing the class token alone, as
-  parity.py trains / every token; the same gradients up to float rounding.
+  parity.py trains / every token; the same gradients up to float rounding. read_token_train_speedup_vit: the same
+  for a training step of the converged protocol's ViT (batch 100), which on a CPU draws every token's dropout masks
+  and keeps the class token's (on a GPU it trains on every token: a ratio near 1); the same draws and gradients.
 - sens_needed_speedup_vit: a short training run of the converged protocol's ViT with vision.py --sens-during every /
   needed (the sensitivity during training only where a reported number reads it), whole runs; same numbers.
 - paper_vit_step_ms: a training step of the authors' ViT at the paper's size (depth 8, 32 heads of 64; a batch of 100
@@ -350,9 +352,9 @@ def bench_scattered(args, images, rounds, device):
 
 
 def bench_read_token(args, images, rounds, device, n_pairs=256):
-    """An evaluating ViT (the converged protocol's) and RoBERTa (language.py's) with the last block on the read token
-    alone / on every token. The second sets the model's own training flag alone, which is all its forward reads:
-    its dropout modules stay in eval mode, so both compute the same function."""
+    """An evaluating ViT (the converged protocol's), RoBERTa and GPT-2 (language.py's) with the last block on the read
+    token alone / on every token. For the language models the second sets the model's own training flag alone, which
+    is all its forward reads: its dropout modules stay in eval mode, so both compute the same function."""
     import language
 
     vit = vision.build_model("vit", args, 1, 28, 10).to(device).eval()
@@ -366,9 +368,10 @@ def bench_read_token(args, images, rounds, device, n_pairs=256):
 
     @torch.inference_mode()
     def run(model, every):
-        model.training = every
+        model.training = every and model is not vit
         if model is vit:
-            sensitivity(lambda xb, idx: vit(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
+            f = (lambda img: vit_every_token(vit, img)) if every else vit
+            sensitivity(lambda xb, idx: f(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
         else:
             for idx in torch.arange(len(pairs), device=device).split(64):
                 if model is roberta:
@@ -382,16 +385,17 @@ def bench_read_token(args, images, rounds, device, n_pairs=256):
         for name, model in [("vit", vit), ("roberta", roberta), ("gpt2", gpt2)]}
 
 
-def bench_read_token_training(n, rounds, device):
-    """parity.py's training step, its last block on the class token alone (the model's forward) / on every token."""
+def bench_read_token_training(args, n, rounds, device):
+    """A training step with the last block on the read token alone (the model's forward) / on every token: parity.py's
+    transformer (n sequences of 20 bits) and vision.py's ViT (the converged protocol's, 100 28x28 images)."""
     import parity
 
     g = torch.Generator().manual_seed(0)
-    x = (torch.randint(0, 2, (n, 20, 1), generator=g) * 2 - 1).float().to(device)
-    y = torch.randint(0, 2, (n,), generator=g).to(device)
+    bits = (torch.randint(0, 2, (n, 20, 1), generator=g) * 2 - 1).float().to(device)
+    images = torch.randn(100 if n >= 16 else 8, 1, 28, 28, generator=g).to(device)
 
-    def speedup(dim):
-        model = parity.ParityTransformer(20, dim, 4, 2).to(device)
+    def speedup(model, every_token, x):
+        model, y = model.to(device), torch.randint(0, 2, (len(x),), generator=g).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def steps(forward):
@@ -400,13 +404,23 @@ def bench_read_token_training(n, rounds, device):
                 F.cross_entropy(forward(x), y).backward()
                 opt.step()
 
-        def every_token(x):
-            return model.head(model.blocks(model.embed(x))[:, 0])
-
         return median([t[1] / t[0] for t in timed_rounds([lambda: steps(model), lambda: steps(every_token)],
                                                          device, rounds)])
 
-    return {f"read_token_train_speedup_parity_{dim}": speedup(dim) for dim in [64, 128]}
+    out = {}
+    for dim in [64, 128]:
+        p = parity.ParityTransformer(20, dim, 4, 2)
+        every = lambda x, p=p: p.head(p.blocks(p.embed(x))[:, 0])  # noqa: E731
+        out[f"read_token_train_speedup_parity_{dim}"] = speedup(p, every, bits)
+    vit = vision.build_model("vit", args, 1, 28, 10).train()
+    out["read_token_train_speedup_vit"] = speedup(vit, lambda img: vit_every_token(vit, img), images)
+    return out
+
+
+def vit_every_token(vit, img):
+    """vision.ViT's forward with its last block on every token (rows=None), training or evaluating."""
+    x = torch.cat([vit.cls.expand(len(img), -1, -1), vit.tokens(img)], dim=1) + vit.pos
+    return vit.head(vit.transformer(vit.drop(x), None)[:, 0])
 
 
 def bench_sens_during(n, device):
@@ -664,7 +678,7 @@ def run_all(args):
         "training": training,
         "scattered": lambda: bench_scattered(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device),
         "read_token": lambda: bench_read_token(small, torch.randn(n, 1, 28, 28, device=device), args.rounds, device,
-                                               n_pairs) | bench_read_token_training(256 if n >= 10 else 16,
+                                               n_pairs) | bench_read_token_training(small, 256 if n >= 10 else 16,
                                                                                     args.rounds, device),
         "sens_during": lambda: bench_sens_during(n, device),
         "paper_vit": lambda: bench_paper_vit(n, args.rounds, device),

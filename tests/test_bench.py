@@ -20,6 +20,7 @@ def test_one_tiny_round_gives_every_figure(tmp_path):
              "est_bucket_speedup_roberta", "eval_sorted_speedup_roberta", "scattered_rows_speedup_cnn",
              "scattered_rows_speedup_vit", "read_token_speedup_vit", "read_token_speedup_roberta",
              "read_token_speedup_gpt2", "read_token_train_speedup_parity_64", "read_token_train_speedup_parity_128",
+             "read_token_train_speedup_vit",
              "sens_needed_speedup_vit", "sens_needed_measured", "paper_vit_step_ms",
              "lstm_fused_speedup", "corruption_images_per_s", "shared_cpu_slowdown",
              "shared_cpu_slowdown_default",

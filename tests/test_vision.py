@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import report
 import runs
@@ -985,10 +986,12 @@ def class_and_patches(vit, img):
     return torch.cat([vit.cls.expand(len(img), 1, -1), vit.tokens(img)], dim=1) + vit.pos
 
 
-def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
-    """The head reads the class token alone, so an evaluating ViT's last block computes only its row: its query over
-    every token's keys and values (LSA: not its own), its MLP, the final norm. Those are the full computation's logits
-    up to float rounding, and its predictions. Training computes every token: the same dropout draws as before."""
+def test_a_vit_computes_only_the_class_token_in_its_last_block():
+    """The head reads the class token alone, so a ViT's last block computes only its row: its query over every
+    token's keys and values (LSA: not its own), its MLP, the final norm. Evaluating, those are the full computation's
+    logits up to float rounding, and its predictions. Training, it draws every token's dropout masks and keeps the
+    class token's rows: the same random draws as computing every token, the same logits and gradients up to float
+    rounding, so the same training as the runs before it up to rounding."""
     torch.manual_seed(0)
     args = vision.parse_args(["--dataset", "fake28"] + SMALL)
     vit = vision.build_model("vit", args, 1, 28, 10)
@@ -1016,10 +1019,23 @@ def test_an_evaluating_vit_computes_only_the_class_token_in_its_last_block():
         assert torch.allclose(logits, vit.head(full[:, 0]), atol=1e-5)
         assert torch.equal(logits.argmax(1), vit.head(full[:, 0]).argmax(1))
     vit.train()
-    torch.manual_seed(1)
-    trained = vit(img)
-    torch.manual_seed(1)  # every token in every block, dropout included: the forward of the reported runs
-    assert torch.equal(trained, vit.head(t(vit.drop(tokens))[:, 0]))
+    seen = []
+    hook = t.layers[-1][1].register_forward_hook(lambda m, inputs, out: seen.append(out.shape))
+    labels = torch.randint(10, (256,))
+    runs = []
+    for forward in [vit, lambda img: vit.head(t(vit.drop(class_and_patches(vit, img)))[:, 0])]:  # then every token
+        vit.zero_grad()
+        torch.manual_seed(1)
+        logits = forward(img)
+        F.cross_entropy(logits, labels).backward()
+        runs.append((logits.detach(), [p.grad.clone() for p in vit.parameters()], torch.rand(8)))
+    hook.remove()
+    assert seen == [(256, 1, 32), (256, 50, 32)]  # training computes the class token alone in the last MLP
+    (alone, grads, after), (every, grads_every, after_every) = runs
+    assert torch.equal(after, after_every)  # as many dropout draws: the generator ends in the same state
+    assert torch.allclose(alone, every, atol=1e-5) and not torch.allclose(alone, vit.eval()(img), atol=1e-3)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_every))  # the same masks: same gradients
+    assert sum((g != 0).any().item() for g in grads) == len(grads)  # every parameter learns, the qkv's q too
 
 
 def test_the_vits_compute_their_formulas_from_their_parts():
