@@ -71,7 +71,7 @@ TARGETS = {
                    "Transformer.forward", "ShiftedPatchTokenization.__init__", "ShiftedPatchTokenization.forward",
                    "ViT.__init__", "ViT.forward", "SimpleViT.__init__", "SimpleViT.forward", "sincos_2d",
                    "MLP.__init__", "MLP.forward", "PatchNorm.forward", "build_model", "ablation", "measure_during",
-                   "logged", "cross_entropy", "main"],
+                   "dropout_rows", "logged", "cross_entropy", "main"],
                   ["tests/test_vision.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: torchrun
     "imagenet.py": (["load_images", "measure", "main", "load_model", "parse_args"],
                     ["tests/test_imagenet.py", "tests/test_cli.py"]),
