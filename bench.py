@@ -392,7 +392,7 @@ def bench_read_token_training(args, n, rounds, device):
 
     g = torch.Generator().manual_seed(0)
     bits = (torch.randint(0, 2, (n, 20, 1), generator=g) * 2 - 1).float().to(device)
-    images = torch.randn(100 if n >= 16 else 8, 1, 28, 28, generator=g).to(device)
+    images = torch.randn(100 if n >= 64 else 8, 1, 28, 28, generator=g).to(device)  # a smoke test: 8
 
     def speedup(model, every_token, x):
         model, y = model.to(device), torch.randint(0, 2, (len(x),), generator=g).to(device)

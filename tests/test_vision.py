@@ -1036,6 +1036,12 @@ def test_a_vit_computes_only_the_class_token_in_its_last_block():
     assert torch.allclose(alone, every, atol=1e-5) and not torch.allclose(alone, vit.eval()(img), atol=1e-3)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_every))  # the same masks: same gradients
     assert sum((g != 0).any().item() for g in grads) == len(grads)  # every parameter learns, the qkv's q too
+    plain = vision.Transformer(32, 2, 2, 8, 64, dropout=0.1)  # softmax attention at 1/sqrt(d_head), no LSA mask
+    x = torch.randn(16, 50, 32)
+    torch.manual_seed(2)
+    alone = plain(x, rows=1)[:, 0]
+    torch.manual_seed(2)
+    assert torch.allclose(alone, plain(x)[:, 0], atol=1e-5)
 
 
 def test_the_vits_compute_their_formulas_from_their_parts():
