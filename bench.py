@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vision
+import vits
 from common import default_batch_size, gaussian, patchify, sensitivity, unpatchify
 from runs import (ArgumentParser, Results, cli, environment, get_device, nonnegative_int, positive_int,
                   set_threads, write_json)
@@ -118,7 +119,7 @@ class TinyViT(nn.Module):
         super().__init__()
         self.embed = nn.Linear(channels * patch * patch, dim)
         self.pos = nn.Parameter(0.02 * torch.randn(1, (image // patch) ** 2, dim))
-        self.transformer = vision.Transformer(dim, depth, heads, dim // heads, 2 * dim, dropout=0.0)
+        self.transformer = vits.Transformer(dim, depth, heads, dim // heads, 2 * dim, dropout=0.0)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, tokens):  # (B, T, C*p*p) patch tokens
@@ -387,7 +388,7 @@ def bench_read_token(args, images, rounds, device, n_pairs=256):
 
 def bench_read_token_training(args, n, rounds, device):
     """A training step with the last block on the read token alone (the model's forward) / on every token: parity.py's
-    transformer (n sequences of 20 bits) and vision.py's ViT (the converged protocol's, 100 28x28 images)."""
+    transformer (n sequences of 20 bits) and vits.py's ViT (the converged protocol's, 100 28x28 images)."""
     import parity
 
     g = torch.Generator().manual_seed(0)
@@ -418,9 +419,8 @@ def bench_read_token_training(args, n, rounds, device):
 
 
 def vit_every_token(vit, img):
-    """vision.ViT's forward with its last block on every token (rows=None), training or evaluating."""
-    x = torch.cat([vit.cls.expand(len(img), -1, -1), vit.tokens(img)], dim=1) + vit.pos
-    return vit.head(vit.transformer(vit.drop(x), None)[:, 0])
+    """vits.ViT's forward with its last block on every token (rows=None), training or evaluating."""
+    return vit.head(vit.transformer(vit.drop(vit.embed(img)), None)[:, 0])
 
 
 def bench_sens_during(n, device):

@@ -15,9 +15,9 @@ import mutate  # noqa: E402
 def test_each_mutant_changes_one_function_compiles_and_has_its_own_name():
     """sincos_2d has two of several changes on one line (two 4s, two divisions, two floor divisions): each is a mutant,
     told apart by its occurrence, and each changes that function alone."""
-    source = open(os.path.join(ROOT, "vision.py")).read()
+    source = open(os.path.join(ROOT, "vits.py")).read()
     original = ast.dump(ast.parse(source))
-    found = list(mutate.mutants("vision.py", ["sincos_2d"]))
+    found = list(mutate.mutants("vits.py", ["sincos_2d"]))
     names = [(name, line, what, k) for name, line, what, k, _ in found]
     assert len(found) > 10 and len(set(names)) == len(names)
     assert any(k == 2 for *_, k in names)
@@ -31,7 +31,7 @@ def test_each_mutant_changes_one_function_compiles_and_has_its_own_name():
 
 
 def listed(*args):
-    p = subprocess.run([sys.executable, os.path.join("tools", "mutate.py"), "--files", "vision.py", "--functions",
+    p = subprocess.run([sys.executable, os.path.join("tools", "mutate.py"), "--files", "vits.py", "--functions",
                         "sincos_2d", "--list", *args], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     return p.stdout.splitlines()[:-1]
@@ -40,12 +40,12 @@ def listed(*args):
 def test_rerun_lists_only_the_survivors_of_a_report(tmp_path):
     """A report whose one survivor is the second of two identical changes on a line: --rerun selects that one alone
     (an earlier report, without occurrences, selects both)."""
-    line = next(line for _, line, what, k, _ in mutate.mutants("vision.py", ["sincos_2d"])
+    line = next(line for _, line, what, k, _ in mutate.mutants("vits.py", ["sincos_2d"])
                 if what == "4 -> 5" and k == 2)
-    twice = [f"vision.py:{line} sincos_2d: 4 -> 5", f"vision.py:{line} sincos_2d: 4 -> 5 (#2 on the line)"]
+    twice = [f"vits.py:{line} sincos_2d: 4 -> 5", f"vits.py:{line} sincos_2d: 4 -> 5 (#2 on the line)"]
     assert set(twice) <= set(listed())
     report = tmp_path / "report.json"
-    mutants = [{"file": "vision.py", "function": "sincos_2d", "line": line, "mutation": "4 -> 5", "occurrence": k,
+    mutants = [{"file": "vits.py", "function": "sincos_2d", "line": line, "mutation": "4 -> 5", "occurrence": k,
                 "killed": k == 1} for k in (1, 2)]
     report.write_text(json.dumps({"mutants": mutants}))
     assert listed("--rerun", str(report)) == twice[1:]

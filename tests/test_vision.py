@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import report
 import runs
 import vision
+import vits
 from common import patchify
 from runs import Results, strict_json
 
@@ -458,12 +459,12 @@ def test_steps_trains_exactly_that_many_sgd_steps(tmp_path, monkeypatch):
 def test_locality_self_attention_never_attends_to_itself():
     """LSA masks the diagonal: with two tokens, each one's attention output is exactly the other's value."""
     torch.manual_seed(0)
-    attn = vision.Attention(8, 2, 4, dropout=0.0, lsa=True).eval()
+    attn = vits.Attention(8, 2, 4, dropout=0.0, lsa=True).eval()
     x = torch.randn(1, 2, 8)
     v = attn.qkv(attn.norm(x)).view(1, 2, 3, 2, 4)[:, :, 2]  # (1, T, heads, hs)
     expected = attn.out(v[:, [1, 0]].reshape(1, 2, 8))
     assert torch.allclose(attn(x), expected, atol=1e-6)
-    plain = vision.Attention(8, 2, 4, dropout=0.0, lsa=False).eval()
+    plain = vits.Attention(8, 2, 4, dropout=0.0, lsa=False).eval()
     plain.load_state_dict({k: v for k, v in attn.state_dict().items() if k != "log_temperature"})
     assert not torch.allclose(plain(x), expected, atol=1e-3)
 
@@ -474,7 +475,7 @@ def test_attention_equals_its_formula():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8)
     for lsa in [False, True]:
-        attn = vision.Attention(8, 2, 4, dropout=0.0, lsa=lsa).eval()
+        attn = vits.Attention(8, 2, 4, dropout=0.0, lsa=lsa).eval()
         if lsa:
             attn.log_temperature.data.fill_(math.log(0.7))
         q, k, v = attn.qkv(attn.norm(x)).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)  # (B, heads, T, hs)
@@ -943,7 +944,7 @@ def shifted(img, dx, dy):
 def test_shifted_patch_tokens_are_the_image_and_its_four_shifts(shift, moves):
     """SPT stacks the image with four shifted copies on the channels before cutting patches: one pixel right, left,
     down and up ('1', the authors' code), or half a patch along each diagonal ('half', Lee et al.)."""
-    spt = vision.ShiftedPatchTokenization(2, 4, 8, shift=shift)
+    spt = vits.ShiftedPatchTokenization(2, 4, 8, shift=shift)
     spt.norm, spt.proj = nn.Identity(), nn.Identity()  # the stacked patches themselves
     img = torch.randn(3, 2, 8, 8)
     stacked = torch.cat([img] + [shifted(img, dx, dy) for dx, dy in moves], dim=1)
@@ -960,7 +961,7 @@ def test_spt_shift_flag_reaches_the_vit():
 def test_vit_attention_drops_its_attention_weights_in_training():
     """ViT-small's attention applies --dropout to its attention weights while training, besides its output (as the
     authors' vit_small.py does); evaluating, to neither."""
-    att = vision.Attention(16, 2, 8, dropout=0.5)
+    att = vits.Attention(16, 2, 8, dropout=0.5)
     att.out[1].p = 0.0  # the output's dropout off: what is left to draw is the attention weights'
     x = torch.randn(2, 5, 16)
     assert not torch.equal(att(x), att(x))  # a new draw each call
@@ -972,7 +973,7 @@ def test_sincos_positions_are_their_formula():
     """sincos_2d(h, w, dim): the patch in row i and column j gets [sin(j w_k), cos(j w_k), sin(i w_k), cos(i w_k)]
     over k < dim/4, with w_k = 1 / 10000^(k / (dim/4 - 1))."""
     h, w, dim = 3, 4, 16
-    pos = vision.sincos_2d(h, w, dim)
+    pos = vits.sincos_2d(h, w, dim)
     omega = [1 / 10000 ** (k / 3) for k in range(4)]
     for i in range(h):
         for j in range(w):
@@ -1036,7 +1037,7 @@ def test_a_vit_computes_only_the_class_token_in_its_last_block():
     assert torch.allclose(alone, every, atol=1e-5) and not torch.allclose(alone, vit.eval()(img), atol=1e-3)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_every))  # the same masks: same gradients
     assert sum((g != 0).any().item() for g in grads) == len(grads)  # every parameter learns, the qkv's q too
-    plain = vision.Transformer(32, 2, 2, 8, 64, dropout=0.1)  # softmax attention at 1/sqrt(d_head), no LSA mask
+    plain = vits.Transformer(32, 2, 2, 8, 64, dropout=0.1)  # softmax attention at 1/sqrt(d_head), no LSA mask
     x = torch.randn(16, 50, 32)
     torch.manual_seed(2)
     alone = plain(x, rows=1)[:, 0]
@@ -1068,8 +1069,9 @@ def test_the_vits_compute_their_formulas_from_their_parts():
         x = torch.randn(3, 50, 32)
         assert torch.equal(vit.transformer(x), blocks(vit.transformer, x))
         tokens = class_and_patches(vit, img)
+        assert torch.equal(vit.embed(img), tokens)
         assert torch.equal(vit(img), vit.head(vit.transformer(tokens, rows=1)[:, 0]))  # evaluating: the class alone
-        tokens = simple.embed(patchify(img, 4)) + vision.sincos_2d(7, 7, 32)
+        tokens = simple.embed(patchify(img, 4)) + vits.sincos_2d(7, 7, 32)
         assert torch.equal(simple(img), simple.head(simple.transformer(tokens).mean(1)))
     assert all(m.p == 0 for m in simple.modules() if isinstance(m, nn.Dropout))
     assert all(not isinstance(m, nn.Dropout) or m.p == args.dropout > 0 for m in vit.modules())
