@@ -470,3 +470,29 @@ def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
         if lost:
             missing[",".join(rows)] = lost
     assert not missing, f"README numbers not in tests/claims_cpu.txt (or claims_gpu.txt): {missing}"
+
+
+def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
+    """tools/claims_cpu.py --compare, which says whether a rerun's numbers are within their standard errors of the
+    stored ones: it pairs numbers by block, line and key, combines the two errors, and lists what moved further."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import claims_cpu
+
+    old = ["[row] vision/a (3 seeds, 6 folders)", "vit (3 seeds) | train acc 0.990 +- 0.001 | epoch 45",
+           "mlp - vit | patch:0.1 -0.0030 +- 0.0003 (3 seeds) | patch:1 +0.0100 +- 0.0010 (3 seeds)",
+           "[row] vision/b (3 seeds, 6 folders)", "mlp - vit | patch:0.1 -0.0030 +- 0.0003 (3 seeds) | gone 1.0 +- 0.1"]
+    new = ["[row] vision/a (3 seeds, 6 folders)", "vit (3 seeds) | train acc 0.990 +- 0.001 | epoch 50",
+           "mlp - vit | patch:0.1 -0.0020 +- 0.0004 (3 seeds) | patch:1 +0.0120 +- 0.0010 (3 seeds)",
+           "cnn (3 seeds) | test acc 0.8 +- 0.1", "[row] vision/b (3 seeds, 6 folders)",
+           "mlp - vit | patch:0.1 -0.0030 +- 0.0003 (3 seeds)"]
+    n, same, one, two, far, changed, added = claims_cpu.compare(old, new)
+    # train acc and b's patch:0.1 identical; a's patch:0.1 moved 0.0010 / 0.0005 = 2 s.e., patch:1 0.0020 / 0.0014
+    assert (n, same, one, two, added) == (4, 2, 2, 4, 1)
+    assert far == []
+    assert changed == ["vision/a | vit (3 seeds) | 1: epoch 45 -> epoch 50",
+                       "vision/b | mlp - vit | gone: (1.0, 0.1) -> gone"]
+    n, same, one, two, far, *_ = claims_cpu.compare(old, [line.replace("-0.0020", "-0.0010") for line in new])
+    assert (one, two) == (2, 3)
+    assert far == ["vision/a | mlp - vit | patch:0.1: -0.003 +- 0.0003 -> -0.001 +- 0.0004 (z = 4.0)"]
+    # both errors 0: any difference is infinitely far
+    assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]

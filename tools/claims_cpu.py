@@ -6,6 +6,11 @@ was. The README's claims table quotes these numbers; tests/test_reproduce.py che
 
     python tools/claims_cpu.py out                     # after bash reproduce.sh cpu --only ROW[,ROW] --out out
     python tools/claims_cpu.py out --check             # say which rows would change, write nothing
+    python tools/claims_cpu.py out --compare           # how far each number moved, in standard errors; write nothing
+
+--compare pairs every "mean +- s.e." of OUT's rows with the stored one of the same block, line and key, and counts
+those within 1 and 2 combined standard errors (sqrt(s1^2 + s2^2)), listing the ones beyond 2 and every other number
+that changed. Runs of the same seeds are correlated, so this is a conservative test of "within its standard error".
 """
 
 import argparse
@@ -35,10 +40,55 @@ def blocks(text):
     return notes, out
 
 
+PAIR = re.compile(r"^(.*?)\s*([-+]?\d+(?:\.\d+)?) \+- (\d+(?:\.\d+)?)")  # "patch:0.1 -0.0027 +- 0.0005 (3 seeds)"
+
+
+def numbers(lines):
+    """{(block header, line label, key): (mean, s.e.) or the segment's text} of a row's claims lines: a line is
+    'label | key value +- s.e. | ...'; a segment without a standard error is kept as text, compared as it is."""
+    out, header = {}, ""
+    for line in lines:
+        if re.match(r"\[\w+\] ", line):
+            header = line.split(" ", 1)[1].split(" (")[0]  # the merged folder: a row may have several blocks
+            continue
+        label, *segments = line.split(" | ")
+        for i, seg in enumerate(segments):
+            if m := PAIR.match(seg):
+                out[header, label, m[1] or str(i)] = (float(m[2]), float(m[3]))
+            else:
+                out[header, label, str(i)] = seg
+    return out
+
+
+def compare(old, new):
+    """(pairs, identical, within 1 s.e., within 2, [lines beyond 2], [other changes], new numbers) of a row's stored
+    and fresh claims lines."""
+    before, after = numbers(old), numbers(new)
+    n = same = one = two = 0
+    far, changed = [], []
+    for k, v in after.items():
+        was = before.get(k)
+        name = " | ".join(x for x in k if x)
+        if isinstance(v, tuple) and isinstance(was, tuple):
+            n += 1
+            se = (was[1] ** 2 + v[1] ** 2) ** 0.5
+            z = abs(v[0] - was[0]) / se if se else (0.0 if v[0] == was[0] else float("inf"))
+            same, one, two = same + (v == was), one + (z <= 1), two + (z <= 2)
+            if z > 2:
+                far.append(f"{name}: {was[0]:g} +- {was[1]:g} -> {v[0]:g} +- {v[1]:g} (z = {z:.1f})")
+        elif was is not None and v != was:
+            changed.append(f"{name}: {was} -> {v}")
+    added = sum(k not in before for k in after)  # lines that an older report.py did not print
+    changed += [f"{' | '.join(x for x in k if x)}: {was} -> gone" for k, was in before.items() if k not in after]
+    return n, same, one, two, far, changed, added
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="the output folder of bash reproduce.sh cpu (--out)")
     p.add_argument("--check", action="store_true", help="print the rows that would change; write nothing")
+    p.add_argument("--compare", action="store_true", help="print how far each number moved from the stored one, in "
+                   "combined standard errors; write nothing")
     args = p.parse_args()
     fresh = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), "--claims", args.out], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
@@ -47,7 +97,16 @@ def main():
     rows = list(dict.fromkeys(m[1] for m in re.finditer(r"^\[(\w+)\] ", fresh, re.M)))  # report.py's order
     changed = [r for r in new if new[r] != kept.get(r)]
     print("rows from", args.out + ":", ", ".join(new) or "none", "| changed:", ", ".join(changed) or "none")
-    if args.check:
+    if args.compare:
+        for r in new:
+            if r not in kept:
+                print(f"[{r}] not stored yet")
+                continue
+            n, same, one, two, far, changed, added = compare(kept[r], new[r])
+            print(f"[{r}] {n} numbers with a standard error: {same} as stored, {one} within 1 s.e., {two} within 2; "
+                  f"{len(changed)} other numbers changed" + (f"; {added} not stored" if added else ""))
+            print("".join(f"  {line}\n" for line in far + changed), end="")
+    if args.check or args.compare:
         return
     kept.update(new)
     body = [line for r in rows if r in kept for line in kept[r]]
