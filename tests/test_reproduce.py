@@ -494,5 +494,8 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     n, same, one, two, far, *_ = claims_cpu.compare(old, [line.replace("-0.0020", "-0.0010") for line in new])
     assert (one, two) == (2, 3)
     assert far == ["vision/a | mlp - vit | patch:0.1: -0.003 +- 0.0003 -> -0.001 +- 0.0004 (z = 4.0)"]
+    # a block that the rerun lacks (its merge not made yet) is one line
+    assert claims_cpu.compare(old, new[:4])[5] == ["vision/a | vit (3 seeds) | 1: epoch 45 -> epoch 50",
+                                                   "vision/b: not in OUT"]
     # both errors 0: any difference is infinitely far
     assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]
