@@ -499,3 +499,23 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
                                                    "vision/b: not in OUT"]
     # both errors 0: any difference is infinitely far
     assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]
+
+
+def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """`python tools/claims_cpu.py OUT --compare`: one summary line per row of OUT and its moves, nothing written."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import claims_cpu
+
+    stored = tmp_path / "claims.txt"
+    stored.write_text("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001 | epoch 45\n")
+    fresh = ("[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.999 +- 0.001 | epoch 45\n"
+             "[new] x/y (1 seed)\nz | k 1 +- 0\n")
+    monkeypatch.setattr(claims_cpu, "FILE", str(stored))
+    monkeypatch.setattr(claims_cpu.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, fresh, ""))
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--compare"])
+    claims_cpu.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == ["[row] 1 numbers with a standard error: 0 as stored, 0 within 1 s.e., 0 within 2; 0 other "
+                       "changes", "  vision/a | vit (3 seeds) | train acc: 0.99 +- 0.001 -> 0.999 +- 0.001 (z = 6.4)",
+                       "[new] not stored yet"]
+    assert stored.read_text().startswith("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990")

@@ -105,10 +105,10 @@ def main():
             if r not in kept:
                 print(f"[{r}] not stored yet")
                 continue
-            n, same, one, two, far, changed, added = compare(kept[r], new[r])
+            n, same, one, two, far, other, added = compare(kept[r], new[r])
             print(f"[{r}] {n} numbers with a standard error: {same} as stored, {one} within 1 s.e., {two} within 2; "
-                  f"{len(changed)} other numbers changed" + (f"; {added} not stored" if added else ""))
-            print("".join(f"  {line}\n" for line in far + changed), end="")
+                  f"{len(other)} other changes" + (f"; {added} numbers not stored" if added else ""))
+            print("".join(f"  {line}\n" for line in far + other), end="")
     if args.check or args.compare:
         return
     kept.update(new)
