@@ -21,6 +21,8 @@ from test_corruptions import write_frost_textures
 import corruptions as C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import claims_cpu  # noqa: E402  (tools/claims_cpu.py --compare)
 EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
 ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mechanism", "mnist01", "fig4",
         "imagenet", "parity", "grokking", "mrpc", "mrpcglue", "qqp", "robustness"]
@@ -475,9 +477,6 @@ def test_every_number_of_the_readme_table_is_in_the_claims_of_its_rows():
 def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     """tools/claims_cpu.py --compare, which says whether a rerun's numbers are within their standard errors of the
     stored ones: it pairs numbers by block, line and key, combines the two errors, and lists what moved further."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import claims_cpu
-
     old = ["[row] vision/a (3 seeds, 6 folders)", "vit (3 seeds) | train acc 0.990 +- 0.001 | epoch 45",
            "mlp - vit | patch:0.1 -0.0030 +- 0.0003 (3 seeds) | patch:1 +0.0100 +- 0.0010 (3 seeds)",
            "[row] vision/b (3 seeds, 6 folders)", "mlp - vit | patch:0.1 -0.0030 +- 0.0003 (3 seeds) | gone 1.0 +- 0.1"]
@@ -503,9 +502,6 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
 
 def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """`python tools/claims_cpu.py OUT --compare`: one summary line per row of OUT and its moves, nothing written."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    import claims_cpu
-
     stored = tmp_path / "claims.txt"
     stored.write_text("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001 | epoch 45\n")
     fresh = ("[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.999 +- 0.001 | epoch 45\n"

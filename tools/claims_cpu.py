@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = re.compile(r"\[(\w+)\] ")  # a row's block starts "[row] merged/folder (...)"
 FILE = os.path.join(ROOT, "tests", "claims_cpu.txt")
 
 
@@ -30,7 +31,7 @@ def blocks(text):
         if line.startswith("#"):
             notes.append(line)
             continue
-        if m := re.match(r"\[(\w+)\] ", line):
+        if m := HEADER.match(line):
             row = m[1]
             if line.endswith(": not run"):  # report.py's line for a row whose folder is missing
                 row = None
@@ -48,7 +49,7 @@ def numbers(lines):
     'label | key value +- s.e. | ...'; a segment without a standard error is kept as text, compared as it is."""
     out, header = {}, ""
     for line in lines:
-        if re.match(r"\[\w+\] ", line):
+        if HEADER.match(line):
             header = line.split(" ", 1)[1].split(" (")[0]  # the merged folder: a row may have several blocks
             continue
         label, *segments = line.split(" | ")
@@ -97,7 +98,7 @@ def main():
                            capture_output=True, text=True, check=True).stdout
     notes, kept = blocks(open(FILE).read()) if os.path.exists(FILE) else ([], {})
     _, new = blocks(fresh)
-    rows = list(dict.fromkeys(m[1] for m in re.finditer(r"^\[(\w+)\] ", fresh, re.M)))  # report.py's order
+    rows = list(dict.fromkeys(m[1] for line in fresh.splitlines() if (m := HEADER.match(line))))  # in report's order
     changed = [r for r in new if new[r] != kept.get(r)]
     print("rows from", args.out + ":", ", ".join(new) or "none", "| changed:", ", ".join(changed) or "none")
     if args.compare:
