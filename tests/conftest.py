@@ -50,6 +50,7 @@ def synthetic_final(ood, sens_sparse, sens_frequent):
 
 
 def pytest_collection_modifyitems(items):
-    """`bash reproduce.sh smoke` first: it takes about half of the whole suite's time, so under `pytest -n 2` (the
-    README's command) one process runs it while the other takes every other test (--dist worksteal, pyproject.toml)."""
-    items.sort(key=lambda item: item.name != "test_smoke_runs_every_row_merges_and_prints_the_claims")
+    """Tests marked `first` (`bash reproduce.sh smoke`: about half of the whole suite's time) run first, so under
+    `pytest -n 2` (the README's command) one process runs it while the other takes every other test (--dist
+    worksteal, pyproject.toml)."""
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)

@@ -75,6 +75,7 @@ def same_numbers(a, b, rel=0.0):
 
 
 @pytest.mark.slow
+@pytest.mark.first
 def test_smoke_runs_every_row_merges_and_prints_the_claims(tmp_path):
     """bash reproduce.sh smoke: every row starts and ends with its wall time, every run and merge succeeds, and the
     claims report.py prints are the stored expectation (tests/claims_smoke.txt; words equal, numbers within 1e-3 or
