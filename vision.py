@@ -516,30 +516,43 @@ def train(*, name, seed, args, data, results, device, run=None, loss_fn=cross_en
         opt.zero_grad(set_to_none=True)
         (loss * (len(mine) * world / len(idx))).backward()  # DDP averages over ranks: this makes it the batch mean
         opt.step()
-    sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma  # and the --sweep
-    for mask in args.mask:  # the final model under every mask
-        todo = [s for s in sigmas if (mask, s) not in sens]  # what the last evaluation measured is reused
-        sens.update(measure_sensitivity(model, sens_images, patch=args.sens_patch, sigmas=todo, masks=[mask],
+    sens = final_sweep(model, sens_images, sens, args)
+    results.final(run, final_record(row, stop, sens, results.data["runs"][str(run)]["history"], args, size))
+    return model
+
+
+def final_sweep(model, images, sens, args):
+    """The final model under every --mask at every --sigma and the --sweep's, reusing what the last evaluation
+    measured (sens), and the patch mask on flat and on object patches apart under --flat-patches.
+    {(mask, sigma): Sensitivity}, by mask, then sigma."""
+    sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
+    for mask in args.mask:
+        todo = [s for s in sigmas if (mask, s) not in sens]
+        sens.update(measure_sensitivity(model, images, patch=args.sens_patch, sigmas=todo, masks=[mask],
                                         seed=args.sens_seed, reps=args.reps, positions=args.sens_positions))
-    if args.flat_patches is not None:  # the patch mask on flat and on object patches apart, at the first sigma
-        sens.update(measure_sensitivity(model, sens_images, patch=args.sens_patch, sigmas=args.sigma[:1],
+    if args.flat_patches is not None:  # at the first sigma
+        sens.update(measure_sensitivity(model, images, patch=args.sens_patch, sigmas=args.sigma[:1],
                                         masks=["flat"], seed=args.sens_seed, reps=args.reps, flat=args.flat_patches))
     order = args.mask + ["flat", "object"]
-    sens = dict(sorted(sens.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))  # by mask, then sigma
+    return dict(sorted(sens.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))
+
+
+def final_record(row, stop, sens, history, args, size):
+    """A run's final record in metrics.json: its last evaluation (row), the end point it reached, every final
+    sensitivity with its per-image values, the sensitivities at the --match-acc levels and the patch map."""
     final = {k: row[k] for k in ["sens", "sens_stderr", "train_acc", "test_acc", "train_loss", "test_loss", "epoch",
                                  "step"]}
-    final["stopped"] = stop or "all epochs done"  # which end point the run reached
+    final["stopped"] = stop or "all epochs done"
     final["sens_at"] = {key(*k): {"sens": s.mean, "stderr": s.stderr} for k, s in sens.items()}
     # per image, for the paired differences between models (the same images and noise for every model and seed)
     final["per_image"] = {key(*k): [round(v, 6) for v in s.per_input.tolist()] for k, s in sens.items()}
     if args.match_acc:  # App. A.1: compare models at equal train accuracy, not at equal time
         keys = [f"sens@{key(*k)}" for k in sens if f"sens@{key(*k)}" in row]
-        final["match_acc"] = report.at_train_accuracy(results.data["runs"][str(run)]["history"], args.match_acc, keys)
+        final["match_acc"] = report.at_train_accuracy(history, args.match_acc, keys)
     if "patch" in args.mask:  # where on the image the model is sensitive
         grid = size // args.sens_patch
         final["sens_map"] = sens["patch", args.sigma[0]].per_position.view(grid, grid).tolist()
-    results.final(run, final)
-    return model
+    return final
 
 
 # -----------------------------------------------------------------------------
