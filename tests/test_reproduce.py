@@ -229,6 +229,21 @@ def test_run_with_sh_it_says_to_use_bash_in_one_line(script):
     assert p.stderr == f"{name}: run it with bash (bash {script} ...), not sh\n", p.stderr
 
 
+@pytest.mark.parametrize("version, refused", [((3, 2), True), ((4, 2), True), ((4, 3), False), ((5, 0), False)])
+def test_a_bash_older_than_4_3_is_refused_in_one_line(version, refused):
+    """reproduce.sh's version check (declare -A and wait -n need bash 4.3; macOS ships 3.2), run by this machine's
+    bash with BASH_VERSINFO, which bash does not let a script set, in a variable of its own."""
+    text = open(os.path.join(ROOT, "reproduce.sh")).read()
+    guard = re.search(r"^\(\( BASH_VERSINFO.*?exit 2; }$", text, re.S | re.M)[0]
+    fake = f"V=({version[0]} {version[1]} 0); " + guard.replace("BASH_VERSINFO", "V").replace("$BASH_VERSION", "x.y")
+    p = subprocess.run(["bash", "-c", fake + "\necho ok"], capture_output=True, text=True, timeout=60)
+    if refused:
+        assert (p.returncode, p.stdout) == (2, ""), p.stdout
+        assert p.stderr.startswith("reproduce.sh: needs bash >= 4.3, this is x.y") and p.stderr.count("\n") == 1
+    else:
+        assert (p.returncode, p.stdout, p.stderr) == (0, "ok\n", "")
+
+
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):
     """--list: every row with its CPU minutes and the total (with --only, those rows' alone); --only with a row that
     does not exist is refused, and a flag without its value too."""
