@@ -531,3 +531,11 @@ def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch
                        "changes", "  vision/a | vit (3 seeds) | train acc: 0.99 +- 0.001 -> 0.999 +- 0.001 (z = 6.4)",
                        "[new] not stored yet"]
     assert stored.read_text().startswith("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990")
+    # --rows: the chosen rows alone are written; a row that is not one is refused in one line
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--rows", "new"])
+    claims_cpu.main()
+    assert stored.read_text() == ("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001 | "
+                                  "epoch 45\n[new] x/y (1 seed)\nz | k 1 +- 0\n")
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--rows", "row,nope"])
+    with pytest.raises(SystemExit, match="^claims_cpu.py: no row nope \\(rows: row, new\\)$"):
+        claims_cpu.main()

@@ -7,6 +7,7 @@ was. The README's claims table quotes these numbers; tests/test_reproduce.py che
     python tools/claims_cpu.py out                     # after bash reproduce.sh cpu --only ROW[,ROW] --out out
     python tools/claims_cpu.py out --check             # say which rows would change, write nothing
     python tools/claims_cpu.py out --compare           # how far each number moved, in standard errors; write nothing
+    python tools/claims_cpu.py out --rows converged,mechanism   # those rows alone (OUT holds others' runs too)
 
 --compare pairs every "mean +- s.e." of OUT's rows with the stored one of the same block, line and key, and counts
 those within 1 and 2 combined standard errors (sqrt(s1^2 + s2^2)), listing the ones beyond 2 and every other number
@@ -61,6 +62,11 @@ def numbers(lines):
     return out
 
 
+def rows_of(claims):
+    """The rows of a claims text, in its order (report.py's)."""
+    return list(dict.fromkeys(m[1] for line in claims.splitlines() if (m := HEADER.match(line))))
+
+
 def compare(old, new):
     """(pairs, identical, within 1 s.e., within 2, [lines beyond 2], [other changes], new numbers) of a row's stored
     and fresh claims lines."""
@@ -93,12 +99,18 @@ def main():
     p.add_argument("--check", action="store_true", help="print the rows that would change; write nothing")
     p.add_argument("--compare", action="store_true", help="print how far each number moved from the stored one, in "
                    "combined standard errors; write nothing")
+    p.add_argument("--rows", type=lambda s: s.split(","), default=None, help="ROW[,ROW]: these rows alone, every "
+                   "other row's block kept as stored (default: every row that OUT holds)")
     args = p.parse_args()
     fresh = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), "--claims", args.out], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
     notes, kept = blocks(open(FILE).read()) if os.path.exists(FILE) else ([], {})
     _, new = blocks(fresh)
-    rows = list(dict.fromkeys(m[1] for line in fresh.splitlines() if (m := HEADER.match(line))))  # in report's order
+    if args.rows is not None:
+        if unknown := [r for r in args.rows if r not in rows_of(fresh)]:
+            sys.exit(f"claims_cpu.py: no row {', '.join(unknown)} (rows: {', '.join(rows_of(fresh))})")
+        new = {r: lines for r, lines in new.items() if r in args.rows}
+    rows = rows_of(fresh)
     changed = [r for r in new if new[r] != kept.get(r)]
     print("rows from", args.out + ":", ", ".join(new) or "none", "| changed:", ", ".join(changed) or "none")
     if args.compare:
