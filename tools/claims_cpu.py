@@ -106,11 +106,11 @@ def main():
                            capture_output=True, text=True, check=True).stdout
     notes, kept = blocks(open(FILE).read()) if os.path.exists(FILE) else ([], {})
     _, new = blocks(fresh)
-    if args.rows is not None:
-        if unknown := [r for r in args.rows if r not in rows_of(fresh)]:
-            sys.exit(f"claims_cpu.py: no row {', '.join(unknown)} (rows: {', '.join(rows_of(fresh))})")
-        new = {r: lines for r, lines in new.items() if r in args.rows}
     rows = rows_of(fresh)
+    if args.rows is not None:
+        if unknown := [r for r in args.rows if r not in rows]:
+            sys.exit(f"claims_cpu.py: no row {', '.join(unknown)} (rows: {', '.join(rows)})")
+        new = {r: lines for r, lines in new.items() if r in args.rows}
     changed = [r for r in new if new[r] != kept.get(r)]
     print("rows from", args.out + ":", ", ".join(new) or "none", "| changed:", ", ".join(changed) or "none")
     if args.compare:
