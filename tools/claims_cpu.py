@@ -86,10 +86,10 @@ def compare(old, new):
         elif was is not None and v != was:
             changed.append(f"{name}: {was} -> {v}")
     added = sum(k not in before for k in after)  # lines that an older report.py did not print
-    blocks = {k[0] for k in after}  # a block that OUT lacks (a merge not made) is one line, not each of its numbers
+    present = {k[0] for k in after}  # a block that OUT lacks (a merge not made) is one line, not each of its numbers
     changed += [f"{' | '.join(x for x in k if x)}: {was} -> gone" for k, was in before.items()
-                if k not in after and k[0] in blocks]
-    changed += [f"{h}: not in OUT" for h in dict.fromkeys(k[0] for k in before) if h not in blocks]
+                if k not in after and k[0] in present]
+    changed += [f"{h}: not in OUT" for h in dict.fromkeys(k[0] for k in before) if h not in present]
     return n, same, one, two, far, changed, added
 
 
