@@ -419,17 +419,8 @@ README_NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)
 
 
 def stored_claims(path):
-    """{row: text of its blocks} of a claims file (lines starting with '#' are its notes)."""
-    blocks = {}
-    row = None
-    for line in open(path).read().splitlines():
-        if line.startswith("#"):
-            continue
-        if m := re.match(r"\[(\w+)\] ", line):
-            row = m[1]
-        if row is not None:
-            blocks[row] = blocks.get(row, "") + line + "\n"
-    return blocks
+    """{row: text of its blocks} of a claims file, read as tools/claims_cpu.py reads it ('#' lines are its notes)."""
+    return {row: "\n".join(lines) + "\n" for row, lines in claims_cpu.blocks(open(path).read())[1].items()}
 
 
 def readme_results():
