@@ -525,6 +525,7 @@ def final_sweep(model, images, sens, args):
     """The final model under every --mask at every --sigma and the --sweep's, reusing what the last evaluation
     measured (sens), and the patch mask on flat and on object patches apart under --flat-patches.
     {(mask, sigma): Sensitivity}, by mask, then sigma."""
+    sens = dict(sens)  # the caller's stays as it was
     sigmas = args.sigma + [s for s in SWEEP if s not in args.sigma] if args.sweep else args.sigma
     for mask in args.mask:
         todo = [s for s in sigmas if (mask, s) not in sens]

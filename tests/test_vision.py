@@ -556,6 +556,25 @@ def test_sweep_follows_the_closed_form_at_every_sigma():
         assert s.per_position.sum().item() == s.per_position[6].item()
 
 
+def test_final_sweep_reuses_the_last_evaluation_orders_by_mask_then_sigma_and_leaves_its_input():
+    """final_sweep measures only what the last evaluation did not (its entry comes back as the same object), at
+    every --sigma and the --sweep's, and returns them by --mask order, then sigma; the caller's dict is unchanged."""
+    args = vision.parse_args(["--dataset", "fake28", "--sens-patch", "7", "--mask", "patch", "global", "--sigma", "1",
+                              "0.1", "--sweep", "--reps", "2"])
+    images, model = torch.full((20, 1, 28, 28), 0.2), PatchThreshold(6)
+    last = vision.measure_sensitivity(model, images, patch=7, sigmas=[1.0], masks=["patch"], seed=args.sens_seed,
+                                      reps=2)
+    given = dict(last)
+    sens = vision.final_sweep(model, images, last, args)
+    assert last == given  # the caller's dict as it was
+    assert sens["patch", 1.0] is last["patch", 1.0]  # reused, not measured again
+    sigmas = sorted({1.0, 0.1, *vision.SWEEP})
+    assert list(sens) == [("patch", s) for s in sigmas] + [("global", s) for s in sigmas]
+    again = vision.measure_sensitivity(model, images, patch=7, sigmas=[3.0], masks=["global"], seed=args.sens_seed,
+                                       reps=2)["global", 3.0]  # measured with the run's seed and --reps
+    assert torch.equal(sens["global", 3.0].per_input, again.per_input)
+
+
 def test_paired_difference_of_two_models_on_the_same_noise():
     """Two one-patch models (margins 0.1 and 0.4) measured with the same seed: per image, the difference of their
     flip rates averages (Phi(-0.1 * 7) - Phi(-0.4 * 7)) / 16 at sigma 1, within its standard error over images."""

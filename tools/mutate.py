@@ -68,7 +68,7 @@ TARGETS = {
                    "prepare_data", "check_flags", "load_dataset", "add_flags", "parse_args",
                    # the models and what the training loop measures with
                    "MLP.__init__", "MLP.forward", "PatchNorm.forward", "build_model", "ablation", "measure_during",
-                   "logged", "cross_entropy", "main"],
+                   "logged", "cross_entropy", "final_sweep", "final_record", "main"],
                   ["tests/test_vision.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: torchrun
     "vits.py": (["FeedForward.__init__", "FeedForward.forward", "dropout_rows", "Attention.__init__",
                  "Attention.forward", "Transformer.__init__", "Transformer.forward",
