@@ -885,3 +885,14 @@ def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsy
                                                     f"writing {second} | device cpu | 1 thread",
                                                     f"writing {rank0} | device cpu | 1 thread | 2 processes"]
     assert third == rank0 and not other.write and not os.path.exists(rank0)
+
+
+def test_report_merges_into_out_combined_by_default_and_names_a_missing_folder(tmp_path, capsys):
+    """report.py's own flags: a merge goes to out/<script>/combined unless --out-dir and --run-name say otherwise, and
+    may vary no flag beyond the free ones unless --vary names it; a folder that does not exist is a one-line error."""
+    args = report.parse_args([str(tmp_path), str(tmp_path)])
+    assert (args.out_dir, args.run_name, args.vary, args.times, args.claims) == ("out", "combined", [], False, None)
+    for argv in [[str(tmp_path), str(tmp_path / "nope")], ["--claims", str(tmp_path / "nope")]]:
+        with pytest.raises(SystemExit):
+            report.parse_args(argv)
+        assert f"{tmp_path / 'nope'}: no such run folder or metrics.json" in capsys.readouterr().err

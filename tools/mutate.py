@@ -59,7 +59,7 @@ TARGETS = {
                    "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
                    "synthetic_claim", "fell_to", "grokking_claim", "robustness_claim", "time_split", "claims",
                    "differing_flags", "mask_sigma", "paired", "ms", "mean_se", "first_epoch", "robustness_groups",
-                   "flag_key", "seeds"],
+                   "flag_key", "seeds", "models", "parse_args", "main"],
                   ["tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py", "tests/test_grokking.py",
                    "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
                    "tests/test_imagenet.py"]),
