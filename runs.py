@@ -608,15 +608,15 @@ def restore(snap, model, opt, generators=()):
 
 class Progress:
     """Progress lines of one training run, printed by a background thread every `every` seconds of wall time
-    whatever the evaluation schedule: the step, the latest training loss, the time per step, and the time to the
-    next evaluation and to the end. The loop calls tick() at the top of every iteration; the time of an iteration
-    that evaluates, less one training step's, is an evaluation's. Once a few steps (and the evaluation before them)
-    are timed, one line gives the estimated time of the run on this machine and, where that is over an hour on a
-    CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and at `total`. guess:
-    (seconds per step, seconds per evaluation) from a timed forward pass (time_forward), shown until measured.
-    early: the run may stop before `total` (--until-acc, --patience), so the estimate is an upper bound."""
+    (--progress-every; 0: none on a timer) whatever the evaluation schedule: the step, the latest training loss, the
+    time per step, and the time to the next evaluation and to the end. The loop calls tick() at the top of every
+    iteration; the time of an iteration that evaluates, less one training step's, is an evaluation's. Once a few steps
+    (and the evaluation before them) are timed, one line gives the estimated time of the run on this machine and, where
+    that is over an hour on a CPU, `hint`: a command of CPU size. Evaluations are at multiples of `eval_every` steps and
+    at `total`. guess: (seconds per step, seconds per evaluation) from a timed forward pass (time_forward), shown until
+    measured. early: the run may stop before `total` (--until-acc, --patience), so the estimate is an upper bound."""
 
-    def __init__(self, run, start, total, eval_every, *, every=20.0, per_epoch=None, hint=None, cpu=True, guess=None,
+    def __init__(self, run, start, total, eval_every, *, every, per_epoch=None, hint=None, cpu=True, guess=None,
                  early=False):
         self.run, self.start, self.total, self.eval_every = str(run), start, total, eval_every
         self.per_epoch, self.hint, self.cpu, self.guess, self.early = per_epoch, hint, cpu, guess, early

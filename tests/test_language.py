@@ -746,3 +746,41 @@ def test_sens_test_measures_the_first_n_sens_test_pairs_and_fractional_epochs_ro
     x, xt = (language.encode(pairs, tok, 128)[0] for pairs in (train, test))
     assert len(measured) == 4  # at each of the two evaluations: the training pairs, then the test pairs
     assert all(torch.equal(m, want[:5]) for m, want in zip(measured, [x, xt, x, xt]))
+
+
+def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_path, monkeypatch):
+    """report.draw_language: sensitivity through training against the examples seen, and per alignment the final
+    models' per-position profile, the mean over the seeds that reached each position (None: no pair reached it),
+    drawn where at least a quarter of the most-reached position's pairs reach, at positions counted back from the last
+    token (right) or on from <s> (left), beside the pairs reaching each position (the twin axis, every position)."""
+    def run(model, seed, right, left=None):
+        hist = [{"step": s, "examples": 10 * s, "sens": 0.1 * s, "train_acc": 0.5, "test_acc": 0.5} for s in range(3)]
+        profiles = {"right": {"sens": right, "pairs": [1, 2, 4, 8]}}
+        if left:
+            profiles["left"] = {"sens": left, "pairs": [8, 4, 2, 1]}
+        return {"model": model, "seed": seed, "history": hist, "final": {"profiles": profiles}}
+
+    data = {"script": "language", "runs": {
+        "roberta/seed0": run("roberta", 0, [0.5, None, 0.3, 0.1], [0.2, 0.4, 0.6, 0.8]),
+        "roberta/seed1": run("roberta", 1, [0.7, 0.2, None, 0.3], [0.4, 0.6, 0.8, None]),
+        "lstm/seed0": run("lstm", 0, [0.9, 0.9, 0.9, 0.9])}}  # measured right-aligned alone
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    paths = report.draw(data, str(tmp_path))
+    assert paths == [f"{tmp_path}/sensitivity.png", f"{tmp_path}/sensitivity_by_position.png"]
+    sens = figures[0].axes[0]
+    assert sens.get_xlabel() == "training examples seen" and list(sens.lines[0].get_xdata()) == [0, 10, 20]
+    right, left, right_pairs, left_pairs = figures[1].axes
+    assert [right.get_title(), left.get_title()] == ["right-aligned", "left-aligned"]
+    curves = {ax.get_title(): {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
+              for ax in (right, left)}
+    assert curves["right-aligned"].keys() == {"roberta (2 seeds)", "lstm (1 seed)"}
+    xs, ys = curves["right-aligned"]["roberta (2 seeds)"]  # positions -3 and -2 reached by 1 and 2 of 8 pairs
+    assert xs == [-2, -1, 0] and ys == pytest.approx([0.2, 0.3, 0.2])
+    assert list(curves["left-aligned"]) == ["roberta (2 seeds)"]
+    xs, ys = curves["left-aligned"]["roberta (2 seeds)"]
+    assert xs == [0, 1, 2] and ys == pytest.approx([0.3, 0.5, 0.7])
+    assert [list(ax.lines[0].get_xdata()) for ax in (right_pairs, left_pairs)] == [[-3, -2, -1, 0], [0, 1, 2, 3]]
+    assert [list(ax.lines[0].get_ydata()) for ax in (right_pairs, left_pairs)] == [[1, 2, 4, 8], [8, 4, 2, 1]]
+    for fig in figures:
+        report.pyplot().close(fig)

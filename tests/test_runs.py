@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import select
 import subprocess
 import sys
 import time
@@ -75,6 +76,69 @@ def test_git_state_says_when_the_code_is_not_its_commit(tmp_path):
     assert git_state(str(tmp_path)) == (commit, False)
     (tmp_path / "model.py").write_text("a = 2\n")
     assert git_state(str(tmp_path)) == (commit, True)
+
+
+@pytest.mark.slow
+def test_git_state_gives_up_on_a_git_that_hangs(tmp_path, monkeypatch):
+    """A git that never answers (a lock, a network filesystem) costs a run 5 s, not the run: no commit is recorded."""
+    (tmp_path / "git").write_text("#!/bin/sh\nexec sleep 60\n")
+    (tmp_path / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.monotonic()
+    assert git_state(str(tmp_path)) == (None, None) and time.monotonic() - t0 < 15
+
+
+def test_cpu_model_reads_proc_cpuinfo_and_falls_back_to_platform(monkeypatch):
+    """The processor's name from /proc/cpuinfo's 'model name' line (none on a processor without that line); where
+    there is no /proc (macOS, Windows), platform's name, or None when it has none either."""
+    files = {"amd": "processor\t: 0\nmodel name\t: AMD EPYC 7B13: 2 cores\n", "arm": "processor\t: 0\nBogoMIPS\t: 50\n"}
+    for kind, expected in [("amd", "AMD EPYC 7B13: 2 cores"), ("arm", None)]:
+        monkeypatch.setattr(runs, "open", lambda *a, text=files[kind], **kw: io.StringIO(text),
+                            raising=False)
+        assert runs.cpu_model() == expected
+
+    def no_proc(*a, **kw):
+        raise FileNotFoundError("/proc/cpuinfo")
+
+    monkeypatch.setattr(runs, "open", no_proc, raising=False)
+    for name, expected in [("arm", "arm"), ("", None)]:
+        monkeypatch.setattr(runs.platform, "processor", lambda name=name: name)
+        assert runs.cpu_model() == expected
+
+
+def test_help_gives_each_default_once_and_none_for_switches():
+    """--help adds '(default: ...)' after a flag's text: lists space-separated, an empty text as 'none', '%' kept;
+    nothing for a switch, a default of None (filled in later), a positional argument, or a text that gives its own."""
+    p = runs.ArgumentParser(prog="x")
+    p.add_argument("pos", nargs="?", default="a", help="a positional")
+    p.add_argument("--switch", action="store_true", help="a switch")
+    p.add_argument("--later", default=None, help="filled in later")
+    p.add_argument("--given", type=int, default=3, help="steps (Default: three)")
+    p.add_argument("--sigma", nargs="+", type=float, default=[0.1, 1.0], help="noise")
+    p.add_argument("--prefix", default="", help="a prefix")
+    p.add_argument("--share", default="50%", help="a share")
+    shown = {a.dest: runs.HelpFormatter("x")._get_help_string(a) for a in p._actions}
+    assert shown == {"help": "show this help message and exit", "pos": "a positional", "switch": "a switch",
+                     "later": "filled in later", "given": "steps (Default: three)",
+                     "sigma": "noise (default: 0.1 1.0)", "prefix": "a prefix (default: none)",
+                     "share": "a share (default: 50%%)"}
+    assert "a share (default: 50%)" in p.format_help()
+
+
+def test_progress_lines_reach_a_pipe_as_they_are_printed():
+    """Under nohup, tee or reproduce.sh's logs stdout is a pipe, which Python buffers: each progress line is flushed,
+    so it is there while the run goes on, not when the process ends."""
+    code = ("import time; from runs import Progress; "
+            "p = Progress('m/seed0', 0, 10, 5, every=0.5); p.tick(0, True); time.sleep(60)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (some shells and CI set it)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], 10)  # unflushed: at 8 KiB, 70 s of lines
+        assert ready and "m/seed0 | step 0/10 | evaluating for" in child.stdout.readline()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_strict_json_and_no_replace(tmp_path):
@@ -896,3 +960,80 @@ def test_report_merges_into_out_combined_by_default_and_names_a_missing_folder(t
         with pytest.raises(SystemExit):
             report.parse_args(argv)
         assert f"{tmp_path / 'nope'}: no such run folder or metrics.json" in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# report.py's figures: the numbers of the runs, as the figures show them
+
+
+def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_band():
+    """plot_curves: the mean over seeds at the x every seed measured (a None is not a measurement), +-1 std band in
+    the line's colour; one seed, no band; no common x, no line."""
+    plt = report.pyplot()
+    hists = [[{"step": 0, "sens": 0.1}, {"step": 1, "sens": 0.3}, {"step": 2, "sens": 0.5}, {"step": 3, "sens": 0.7}],
+             [{"step": 0, "sens": 0.3}, {"step": 2, "sens": 0.9}, {"step": 3, "sens": None}, {"step": 4, "sens": 1.0}]]
+    fig, axes = plt.subplots(1, 3)
+    report.plot_curves(axes[0], hists, "step", "sens", "vit (2 seeds)", color="C3")
+    line, = axes[0].lines
+    assert list(line.get_xdata()) == [0, 2] and np.allclose(line.get_ydata(), [0.2, 0.7])
+    assert line.get_label() == "vit (2 seeds)" and line.get_color() == "C3"
+    band, = axes[0].collections  # mean - std to mean + std: 0.1-0.3 at step 0, 0.5-0.9 at step 2
+    corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
+    assert {(0, 0.1), (0, 0.3), (2, 0.5), (2, 0.9)} <= corners and {y for _, y in corners} <= {0.1, 0.3, 0.5, 0.9}
+    assert np.allclose(band.get_facecolor()[0], matplotlib_rgba("C3", 0.2))
+    report.plot_curves(axes[1], hists[:1], "step", "sens", "one seed")
+    assert list(axes[1].lines[0].get_xdata()) == [0, 1, 2, 3] and not axes[1].collections
+    report.plot_curves(axes[2], [[{"step": 0, "sens": None}], hists[0]], "step", "sens", "none")
+    report.plot_curves(axes[2], [], "step", "sens", "no runs")
+    assert not axes[2].lines and not axes[2].collections
+    plt.close(fig)
+
+
+def matplotlib_rgba(color, alpha):
+    import matplotlib.colors
+
+    return matplotlib.colors.to_rgba(color, alpha)
+
+
+def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measured():
+    plt = report.pyplot()
+    fig, axes = plt.subplots(1, 4)
+    axes[0].plot([0, 1], [0, 1], label="vit")
+    axes[1].plot([0, 1], [0, 1])  # a line without a label (grokking's later seeds, parity's k)
+    axes[3].fill_between([0, 1], [0, 1], [1, 2])
+    for ax in axes:
+        report.legend(ax)
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["vit"]
+    assert [ax.get_legend() for ax in axes[1:]] == [None, None, None]
+    assert [[t.get_text() for t in ax.texts] for ax in axes] == [[], [], ["not measured yet"], []]
+    plt.close(fig)
+
+
+def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standard_error(tmp_path, monkeypatch):
+    """draw_data_scale: one panel per measurement made at two sizes or more, one curve per model against the
+    reference, sizes in numeric order on a log axis; the error bar is the s.e. over seeds, that seed's s.e. over
+    images where one seed ran, and none where neither is known."""
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    d = lambda mean, se, per_seed: {"mean": mean, "stderr": se, "seeds": len(per_seed), "per_seed": per_seed}
+    two = {"seed0": [0.1, 0.01], "seed1": [0.3, 0.01]}
+    scale = {"600": {"reference": "vit", "models": {
+                 "mlp": {"diff": {"patch:0.1": d(0.2, 0.05, two), "patch:1": d(0.5, 0.1, two)}},
+                 "cnn": {"diff": {"patch:0.1": d(-0.1, None, two)}}}},  # (NaN on disk is null)
+             "90": {"reference": "vit",
+                    "models": {"mlp": {"diff": {"patch:0.1": d(0.4, float("nan"), {"seed0": [0.4, 0.03]})}}}},
+             "30": {}}  # a size with nothing paired yet
+    plt = report.pyplot()
+    assert report.draw_data_scale(scale, str(tmp_path), plt) == f"{tmp_path}/data_scale.png"
+    ax, = figures[0].axes  # patch:1 was measured at one size only
+    assert ax.get_title() == "patch:0.1" and ax.get_xscale() == "log"
+    bars = {c.get_label(): c for c in ax.containers}
+    assert list(bars) == ["mlp - vit", "cnn - vit"]
+    for name, xs, ys, errors in [("mlp - vit", [90, 600], [0.4, 0.2], [0.03, 0.05]), ("cnn - vit", [600], [-0.1], [0])]:
+        line, _, (segments,) = bars[name].lines
+        assert list(line.get_xdata()) == xs and np.allclose(line.get_ydata(), ys)
+        assert np.allclose([(top - bottom) / 2 for (_, bottom), (_, top) in segments.get_segments()], errors), name
+    report.draw_data_scale({"600": scale["600"]}, str(tmp_path), plt)  # one size: every measurement has a panel
+    assert [ax.get_title() for ax in figures[1].axes] == ["patch:0.1", "patch:1"]
+    for fig in figures:
+        plt.close(fig)

@@ -49,7 +49,10 @@ TARGETS = {
                  "Results.save", "Results.write_checkpoint", "Results.recording", "Results.stop_progress",
                  "Progress.end_early", "for_training", "all_sum", "ranks", "process_group", "get_device", "set_threads",
                  "one_of", "torchvision_dataset", "setup", "_terminate", "add_run_flags", "Results._run",
-                 "Results.__init__", "Progress.line", "Progress.tell", "ArgumentParser.error"],
+                 "Results.__init__", "Progress.line", "Progress.tell", "ArgumentParser.error",
+                 # what a run records of its machine and code, and the rest of the front door and progress lines
+                 "environment", "git_state", "cpu_model", "Run.__str__", "HelpFormatter._get_help_string",
+                 "ArgumentParser.__init__", "Progress.__init__", "Progress._print_every", "Progress.stop"],
                 # robustness: parse_with; test_scale: torchrun and --resume
                 ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py", "tests/test_scale.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
@@ -59,7 +62,9 @@ TARGETS = {
                    "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
                    "synthetic_claim", "fell_to", "grokking_claim", "robustness_claim", "time_split", "claims",
                    "differing_flags", "mask_sigma", "paired", "ms", "mean_se", "first_epoch", "robustness_groups",
-                   "flag_key", "seeds", "models", "parse_args", "main"],
+                   "flag_key", "seeds", "models", "parse_args", "main",
+                   # what the figures draw of the numbers (the curves, their bands and error bars, the profiles)
+                   "plot_curves", "legend", "draw_training", "draw_data_scale", "draw_language", "draw"],
                   ["tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py", "tests/test_grokking.py",
                    "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
                    "tests/test_imagenet.py"]),
