@@ -65,9 +65,9 @@ TARGETS = {
                    "flag_key", "seeds", "models", "parse_args", "main",
                    # what the figures draw of the numbers (the curves, their bands and error bars, the profiles)
                    "plot_curves", "legend", "draw_training", "draw_data_scale", "draw_language", "draw"],
-                  ["tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py", "tests/test_grokking.py",
-                   "tests/test_robustness.py", "tests/test_parity.py", "tests/test_synthetic.py",
-                   "tests/test_imagenet.py"]),
+                  ["tests/test_figures.py", "tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py",
+                   "tests/test_grokking.py", "tests/test_robustness.py", "tests/test_parity.py",
+                   "tests/test_synthetic.py", "tests/test_imagenet.py"]),
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "check_flags", "load_dataset", "add_flags", "parse_args",
