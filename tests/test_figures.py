@@ -63,7 +63,8 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
                  "mlp": {"diff": {"patch:0.1": d(0.2, 0.05, two), "patch:1": d(0.5, 0.1, two)}},
                  "cnn": {"diff": {"patch:0.1": d(-0.1, None, two)}}}},  # (NaN on disk is null)
              "90": {"reference": "vit",
-                    "models": {"mlp": {"diff": {"patch:0.1": d(0.4, float("nan"), {"seed0": [0.4, 0.03]})}}}},
+                    "models": {"mlp": {"diff": {"patch:0.1": d(0.4, float("nan"), {"seed0": [0.4, 0.03]})}},
+                               "cnn": {"diff": {"patch:0.1": d(0.3, None, {"seed0": [0.3, 0.02]})}}}},
              "30": {}}  # a size with nothing paired yet
     plt = report.pyplot()
     assert report.draw_data_scale(scale, str(tmp_path), plt) == f"{tmp_path}/data_scale.png"
@@ -71,7 +72,9 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
     assert ax.get_title() == "patch:0.1" and ax.get_xscale() == "log"
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["mlp - vit", "cnn - vit"]
-    for name, xs, ys, errors in [("mlp - vit", [90, 600], [0.4, 0.2], [0.03, 0.05]), ("cnn - vit", [600], [-0.1], [0])]:
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["mlp - vit", "cnn - vit"]
+    for name, xs, ys, errors in [("mlp - vit", [90, 600], [0.4, 0.2], [0.03, 0.05]),
+                                 ("cnn - vit", [90, 600], [0.3, -0.1], [0.02, 0])]:  # one seed: NaN or null
         line, _, (segments,) = bars[name].lines
         assert list(line.get_xdata()) == xs and np.allclose(line.get_ydata(), ys)
         assert np.allclose([(top - bottom) / 2 for (_, bottom), (_, top) in segments.get_segments()], errors), name
