@@ -746,4 +746,3 @@ def test_sens_test_measures_the_first_n_sens_test_pairs_and_fractional_epochs_ro
     x, xt = (language.encode(pairs, tok, 128)[0] for pairs in (train, test))
     assert len(measured) == 4  # at each of the two evaluations: the training pairs, then the test pairs
     assert all(torch.equal(m, want[:5]) for m, want in zip(measured, [x, xt, x, xt]))
-

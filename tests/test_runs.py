@@ -960,4 +960,3 @@ def test_report_merges_into_out_combined_by_default_and_names_a_missing_folder(t
         with pytest.raises(SystemExit):
             report.parse_args(argv)
         assert f"{tmp_path / 'nope'}: no such run folder or metrics.json" in capsys.readouterr().err
-
