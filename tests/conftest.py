@@ -1,9 +1,11 @@
 """What several test files share: stopping a run in the middle of its training; the losses its divergence checks
-see; a spy on a function's keyword arguments; a synthetic run's final record. And the order the suite runs in."""
+see; a spy on a function's keyword arguments; a synthetic run's final record; the figures report.py draws. And the
+order the suite runs in."""
 
 import os
 import signal
 
+import pytest
 import torch
 
 import runs
@@ -47,6 +49,19 @@ def synthetic_final(ood, sens_sparse, sens_frequent):
     and the two candidate functions' sensitivities; the rest fixed."""
     return {"ood_acc": ood, "test_acc": 1.0, "align_sparse": 0.9, "align_frequent": 0.1, "sens": 0.0,
             "sens_sparse_fn": sens_sparse, "sens_frequent_fn": sens_frequent}
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures report.py draws during a test, kept as matplotlib objects to read the numbers from instead of
+    written; closed after the test."""
+    import report
+
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    yield figures
+    for fig in figures:
+        report.pyplot().close(fig)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,9 +1,10 @@
 """report.py's figures: the numbers of the runs, as the figures show them (the curves over seeds and their bands,
 the legends, the data-scale study's error bars, the language models' per-position profiles), read back from the
-matplotlib objects; save_figure is replaced so that nothing is written."""
+matplotlib objects (conftest's `drawn`: nothing is written)."""
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 import report
 
@@ -22,19 +23,13 @@ def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_ban
     band, = axes[0].collections  # mean - std to mean + std: 0.1-0.3 at step 0, 0.5-0.9 at step 2
     corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
     assert {(0, 0.1), (0, 0.3), (2, 0.5), (2, 0.9)} <= corners and {y for _, y in corners} <= {0.1, 0.3, 0.5, 0.9}
-    assert np.allclose(band.get_facecolor()[0], matplotlib_rgba("C3", 0.2))
+    assert np.allclose(band.get_facecolor()[0], to_rgba("C3", 0.2))
     report.plot_curves(axes[1], hists[:1], "step", "sens", "one seed")
     assert list(axes[1].lines[0].get_xdata()) == [0, 1, 2, 3] and not axes[1].collections
     report.plot_curves(axes[2], [[{"step": 0, "sens": None}], hists[0]], "step", "sens", "none")
     report.plot_curves(axes[2], [], "step", "sens", "no runs")
     assert not axes[2].lines and not axes[2].collections
     plt.close(fig)
-
-
-def matplotlib_rgba(color, alpha):
-    import matplotlib.colors
-
-    return matplotlib.colors.to_rgba(color, alpha)
 
 
 def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measured():
@@ -51,12 +46,10 @@ def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measure
     plt.close(fig)
 
 
-def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standard_error(tmp_path, monkeypatch):
+def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standard_error(tmp_path, drawn):
     """draw_data_scale: one panel per measurement made at two sizes or more, one curve per model against the
     reference, sizes in numeric order on a log axis; the error bar is the s.e. over seeds, that seed's s.e. over
     images where one seed ran, and none where neither is known."""
-    figures = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
     d = lambda mean, se, per_seed: {"mean": mean, "stderr": se, "seeds": len(per_seed), "per_seed": per_seed}
     two = {"seed0": [0.1, 0.01], "seed1": [0.3, 0.01]}
     scale = {"600": {"reference": "vit", "models": {
@@ -68,7 +61,7 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
              "30": {}}  # a size with nothing paired yet
     plt = report.pyplot()
     assert report.draw_data_scale(scale, str(tmp_path), plt) == f"{tmp_path}/data_scale.png"
-    ax, = figures[0].axes  # patch:1 was measured at one size only
+    ax, = drawn[0].axes  # patch:1 was measured at one size only
     assert ax.get_title() == "patch:0.1" and ax.get_xscale() == "log"
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["mlp - vit", "cnn - vit"]
@@ -79,12 +72,10 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
         assert list(line.get_xdata()) == xs and np.allclose(line.get_ydata(), ys)
         assert np.allclose([(top - bottom) / 2 for (_, bottom), (_, top) in segments.get_segments()], errors), name
     report.draw_data_scale({"600": scale["600"]}, str(tmp_path), plt)  # one size: every measurement has a panel
-    assert [ax.get_title() for ax in figures[1].axes] == ["patch:0.1", "patch:1"]
-    for fig in figures:
-        plt.close(fig)
+    assert [ax.get_title() for ax in drawn[1].axes] == ["patch:0.1", "patch:1"]
 
 
-def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_path, monkeypatch):
+def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_path, drawn):
     """report.draw_language: sensitivity through training against the examples seen, and per alignment the final
     models' per-position profile, the mean over the seeds that reached each position (None: no pair reached it),
     drawn where at least a quarter of the most-reached position's pairs reach, at positions counted back from the last
@@ -100,13 +91,11 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
         "roberta/seed0": run("roberta", 0, [0.5, None, 0.3, 0.1], [0.2, 0.4, 0.6, 0.8]),
         "roberta/seed1": run("roberta", 1, [0.7, 0.2, None, 0.3], [0.4, 0.6, 0.8, None]),
         "lstm/seed0": run("lstm", 0, [0.9, 0.9, 0.9, 0.9])}}  # measured right-aligned alone
-    figures = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
     paths = report.draw(data, str(tmp_path))
     assert paths == [f"{tmp_path}/sensitivity.png", f"{tmp_path}/sensitivity_by_position.png"]
-    sens = figures[0].axes[0]
+    sens = drawn[0].axes[0]
     assert sens.get_xlabel() == "training examples seen" and list(sens.lines[0].get_xdata()) == [0, 10, 20]
-    right, left, right_pairs, left_pairs = figures[1].axes
+    right, left, right_pairs, left_pairs = drawn[1].axes
     assert [right.get_title(), left.get_title()] == ["right-aligned", "left-aligned"]
     curves = {ax.get_title(): {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
               for ax in (right, left)}
@@ -118,5 +107,3 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     assert xs == [0, 1, 2] and ys == pytest.approx([0.3, 0.5, 0.7])
     assert [list(ax.lines[0].get_xdata()) for ax in (right_pairs, left_pairs)] == [[-3, -2, -1, 0], [0, 1, 2, 3]]
     assert [list(ax.lines[0].get_ydata()) for ax in (right_pairs, left_pairs)] == [[1, 2, 4, 8], [8, 4, 2, 1]]
-    for fig in figures:
-        report.pyplot().close(fig)

@@ -99,17 +99,15 @@ def test_grokking_claim_measures_the_fall_from_memorisation(capsys):
     assert report.fell_to(hist, None, "sens", 0.5) is None  # never memorised: nothing to fall from
 
 
-def test_figure_draws_each_seed_to_its_own_last_epoch(tmp_path, monkeypatch):
+def test_figure_draws_each_seed_to_its_own_last_epoch(tmp_path, drawn):
     """Seeds grok (and under --stop-after-grok end) at different epochs: the figure draws each run whole, not a mean
     cut at the shortest run's end."""
     def run(last):
         return {"history": [dict(epoch=e, train_acc=1.0, test_acc=e / last, train_loss=1.0, test_loss=1.0, sens=0.1,
                                  sens_joint=0.2, weight_norm=50.0) for e in range(0, last + 1, 100)]}
 
-    figures = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig) or path)
     report.draw({"script": "grokking", "runs": {"p/seed0": run(500), "p/seed1": run(1200)}}, str(tmp_path))
-    accuracy = figures[0].axes[0]
+    accuracy = drawn[0].axes[0]
     curves = [line for line in accuracy.lines if len(line.get_xdata()) > 2]  # (not the phases' vertical lines)
     assert sorted(max(line.get_xdata()) for line in curves) == [500, 500, 1200, 1200]  # train and test of each seed
 
