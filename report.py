@@ -726,6 +726,8 @@ def draw_vision(data, folder, plt):
                 rows = [{mask_sigma(k)[1]: v["sens"] for k, v in r["final"]["sens_at"].items()
                          if mask_sigma(k)[0] == mask} for r in records]
                 sigmas = sorted(set.intersection(*(set(r) for r in rows)))
+                if not sigmas:  # this model was not measured with this mask
+                    continue
                 ys = np.array([[r[s] for s in sigmas] for r in rows])
                 line, = ax.plot(sigmas, ys.mean(0), "o-", label=f"{name} ({seeds(len(rows))})")
                 if len(rows) > 1:

@@ -107,3 +107,116 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     assert xs == [0, 1, 2] and ys == pytest.approx([0.3, 0.5, 0.7])
     assert [list(ax.lines[0].get_xdata()) for ax in (right_pairs, left_pairs)] == [[-3, -2, -1, 0], [0, 1, 2, 3]]
     assert [list(ax.lines[0].get_ydata()) for ax in (right_pairs, left_pairs)] == [[1, 2, 4, 8], [8, 4, 2, 1]]
+
+
+def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_maps(tmp_path, drawn):
+    """draw_vision: sensitivity against train accuracy, one line per run in its model's colour, at the evaluations
+    that measured it; the sigma sweep per mask, the mean over seeds with their range as the band, a model only where
+    it was measured; each run's per-patch map as measured."""
+    def run(model, seed, sens, finals, sens_map=None):
+        hist = [{"epoch": e, "train_acc": a, "test_acc": 0.5, **({"sens": s} if s is not None else {})}
+                for e, (a, s) in enumerate(zip([0.2, 0.5, 0.9], sens))]
+        final = {"sens_at": {k: {"sens": v, "stderr": 0.01} for k, v in finals.items()}}
+        return {"model": model, "seed": seed, "history": hist, "final": final | ({"sens_map": sens_map} if sens_map
+                                                                                 else {})}
+
+    data = {"script": "vision", "args": {"mask": ["patch"], "sigma": [0.1, 1.0]}, "runs": {
+        "vit/seed0": run("vit", 0, [0.1, None, 0.3], {"patch:0.1": 0.1, "patch:1": 0.3, "scattered:1": 0.2},
+                         [[0.1, 0.2], [0.3, 0.4]]),
+        "vit/seed1": run("vit", 1, [0.2, 0.4, 0.6], {"patch:0.1": 0.3, "patch:1": 0.7, "scattered:1": 0.4}),
+        "mlp/seed0": run("mlp", 0, [0.5, 0.6, 0.7], {"patch:0.1": 0.6, "patch:1": 0.8})}}
+    paths = report.draw(data, str(tmp_path))
+    assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
+                                                     "sigma_sweep.png", "sensitivity_maps.png"]
+    ax, = drawn[1].axes
+    assert ax.get_ylabel() == "sensitivity (patch, sigma 0.1)"
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines] == [
+        ([0.2, 0.9], [0.1, 0.3]), ([0.2, 0.5, 0.9], [0.2, 0.4, 0.6]), ([0.2, 0.5, 0.9], [0.5, 0.6, 0.7])]
+    assert [ln.get_color() for ln in ax.lines] == ["C0", "C0", "C1"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vit", "mlp"]
+    patch, scattered = drawn[2].axes
+    assert [patch.get_title(), scattered.get_title()] == ["patch mask (band: range over seeds)",
+                                                          "scattered mask (band: range over seeds)"]
+    curves = {ax.get_title().split()[0]: {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
+                                          for ln in ax.lines} for ax in (patch, scattered)}
+    assert curves["patch"].keys() == {"vit (2 seeds)", "mlp (1 seed)"}
+    assert curves["patch"]["vit (2 seeds)"][0] == [0.1, 1.0]
+    assert np.allclose(curves["patch"]["vit (2 seeds)"][1], [0.2, 0.5])
+    assert curves["patch"]["mlp (1 seed)"] == ([0.1, 1.0], [0.6, 0.8])
+    assert list(curves["scattered"]) == ["vit (2 seeds)"] and np.allclose(curves["scattered"]["vit (2 seeds)"][1], 0.3)
+    band, = patch.collections  # the vit's range over its two seeds; the one-seed mlp has none
+    corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
+    assert {(0.1, 0.1), (0.1, 0.3), (1, 0.3), (1, 0.7)} <= corners and {y for _, y in corners} <= {0.1, 0.3, 0.7}
+    image_ax = drawn[3].axes[0]
+    assert image_ax.get_title() == "vit/seed0" and np.allclose(image_ax.images[0].get_array(), [[0.1, 0.2],
+                                                                                                [0.3, 0.4]])
+
+
+def test_the_robustness_figures_give_each_model_its_means_over_severities_and_seeds(tmp_path, drawn):
+    """draw_robustness: one bar per corruption and model, the mean over severities and then seeds, the model's mean
+    sensitivity in its label; sensitivity against mean corruption accuracy, one point per seed and the mean +- s.e.;
+    sensitivity through training."""
+    def run(model, seed, acc, sens, mean_acc):
+        hist = [{"epoch": e, "sens": sens * e} for e in range(3)]
+        return {"model": model, "seed": seed, "history": hist,
+                "final": {"corruption_acc": acc, "sens": sens, "mean_corruption_acc": mean_acc}}
+
+    data = {"script": "robustness", "runs": {
+        "vit-vanilla/seed0": run("vit-vanilla", 0, {"fog": {"1": 0.8, "5": 0.4}, "snow": {"1": 0.5, "5": 0.5}},
+                                 0.2, 0.6),
+        "vit-vanilla/seed1": run("vit-vanilla", 1, {"fog": {"1": 0.6, "5": 0.2}, "snow": {"1": 0.3, "5": 0.1}},
+                                 0.4, 0.3),
+        "vit-reg/seed0": run("vit-reg", 0, {"fog": {"1": 0.9, "5": 0.7}, "snow": {"1": 0.6, "5": 0.4}}, 0.1, 0.7)}}
+    paths = report.draw(data, str(tmp_path))
+    assert [p.rpartition("/")[2] for p in paths] == ["corruptions.png", "sensitivity_vs_robustness.png",
+                                                     "sensitivity.png"]
+    ax, = drawn[0].axes
+    bars = {c.get_label(): c for c in ax.containers}
+    assert list(bars) == ["vit-vanilla (sens 0.3000, 2 seeds)", "vit-reg (sens 0.1000, 1 seed)"]
+    assert np.allclose([b.get_height() for b in bars["vit-vanilla (sens 0.3000, 2 seeds)"]], [0.5, 0.35])
+    assert np.allclose([b.get_height() for b in bars["vit-reg (sens 0.1000, 1 seed)"]], [0.8, 0.5])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fog", "snow"]
+    ax, = drawn[1].axes
+    assert np.allclose(ax.collections[0].get_offsets(), [[0.2, 0.6], [0.4, 0.3]])
+    (point, _, (xerr, yerr)), (reg_point, _, (reg_xerr, _)) = (c.lines for c in ax.containers)
+    half = lambda bars: [np.ptp(segment, axis=0).max() / 2 for segment in bars.get_segments()]  # an error bar's
+    assert np.allclose(point.get_xydata(), [[0.3, 0.45]])
+    assert np.allclose(half(xerr), [0.1]) and np.allclose(half(yerr), [0.15])  # std (ddof 1) / sqrt(2 seeds)
+    assert np.allclose(reg_point.get_xydata(), [[0.1, 0.7]]) and np.allclose(half(reg_xerr), [0])  # one seed
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
+    ax, = drawn[2].axes
+    assert [ln.get_label() for ln in ax.lines] == ["vit-vanilla", "vit-reg"]
+    assert np.allclose(ax.lines[0].get_ydata(), [0, 0.3, 0.6])
+
+
+def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seeds(tmp_path, drawn):
+    """draw_synthetic: one column per preset, its four rows (accuracy, alignments, attention mass, sensitivities)
+    with three curves each, the mean over the preset's seeds; draw_parity: the same per setting, with k marked."""
+    keys = ["train_acc", "test_acc", "ood_acc", "align_sparse", "align_frequent", "align_irrelevant", "att_sparse",
+            "att_frequent", "att_irrelevant", "sens", "sens_sparse_fn", "sens_frequent_fn"]
+    hist = lambda v: [{"step": t, **{k: v * (i + 1) * t for i, k in enumerate(keys)}} for t in range(3)]
+    runs = {"sparse-lower/seed0": {"model": "sparse-lower", "seed": 0, "history": hist(0.01), "final": {}},
+            "sparse-lower/seed1": {"model": "sparse-lower", "seed": 1, "history": hist(0.03), "final": {}},
+            "frequent-lower/seed0": {"model": "frequent-lower", "seed": 0, "history": hist(0.05), "final": {}}}
+    report.draw({"script": "synthetic", "runs": runs}, str(tmp_path))
+    axes = drawn[0].axes
+    assert len(axes) == 8 and [ax.get_title() for ax in axes[:2]] == ["sparse-lower (2 seeds)",
+                                                                      "frequent-lower (1 seed)"]
+    rows = [axes[2 * i] for i in range(4)]  # the first column, top to bottom
+    assert [ax.get_ylabel() for ax in rows] == ["accuracy", "head alignment (cos)", "attention mass", "sensitivity"]
+    assert [[ln.get_label() for ln in ax.lines] for ax in rows] == [
+        ["train", "test", "OOD test"], ["v_sparse", "v_frequent", "v_irrelevant"],
+        ["sparse", "frequent", "irrelevant"], ["model", "sparse vote", "frequent vote"]]
+    for i, line in enumerate(ln for ax in rows for ln in ax.lines):  # key i: 0.02 (i + 1) t, the mean of the seeds
+        assert np.allclose(line.get_ydata(), [0, 0.02 * (i + 1), 0.04 * (i + 1)]), keys[i]
+    assert np.allclose(axes[7].lines[2].get_ydata(), [0, 0.6, 1.2])  # frequent-lower's frequent vote
+
+    parity_hist = [{"step": t, "train_acc": 0.5, "test_acc": 0.6, "sens_count": 1.0 * t, "sens_relevant": 0.5}
+                   for t in (0, 10)]
+    runs = {"setting1/seed0": {"model": "setting1", "seed": 0, "history": parity_hist, "final": {}}}
+    report.draw({"script": "parity", "args": {"k": 3}, "runs": runs}, str(tmp_path))
+    accuracy, sens = drawn[1].axes
+    assert accuracy.get_title() == "setting1 (1 seed)"
+    assert [ln.get_label() for ln in accuracy.lines] == ["train", "test"]
+    assert [ln.get_label() for ln in sens.lines] == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
+    assert list(sens.lines[0].get_ydata()) == [0, 10] and list(sens.lines[2].get_ydata()) == [3, 3]

@@ -200,6 +200,8 @@ def test_our_models_are_evaluated_on_0_1_images_through_normalize():
     x = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
     wrapped = torch.nn.Sequential(R.Normalize([0.5] * 3, [0.5] * 3), model)
     assert torch.allclose(wrapped(x.float() / 255), model(vision.normalize(x)), atol=1e-5)
+    from_numpy = R.Normalize(np.full(3, 0.5), np.full(3, 0.5))  # float64 statistics: the model still gets float32
+    assert from_numpy(x.float() / 255).dtype == torch.float32 and torch.equal(from_numpy(x / 255), wrapped[0](x / 255))
 
 
 @pytest.mark.slow

@@ -47,6 +47,10 @@ def test_vocabulary_direction_vectors():
     assert vocab.v_frequent.tolist() == [0] * 4 + [1, 1, 1, -1, -1, -1] + [0] * 4
     assert vocab.v_irrelevant.tolist() == [0] * 10 + [1] * 4
     assert vocab.sign.tolist() == [1, 1, -1, -1, 1, 1, 1, -1, -1, -1, 0, 0, 0, 0]
+    moved = vocab.to("meta")  # (a device without data: what a GPU run gets, on any machine)
+    assert {getattr(moved, name).device.type for name in ["kind", "sign", "v_sparse", "v_frequent",
+                                                          "v_irrelevant"]} == {"meta"}
+    assert vocab.kind.device.type == "cpu" and moved.d == vocab.d  # a copy: the vocabulary itself stays
 
 
 def test_candidate_sensitivities_match_hand_computation():

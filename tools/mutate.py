@@ -64,7 +64,8 @@ TARGETS = {
                    "differing_flags", "mask_sigma", "paired", "ms", "mean_se", "first_epoch", "robustness_groups",
                    "flag_key", "seeds", "models", "parse_args", "main",
                    # what the figures draw of the numbers (the curves, their bands and error bars, the profiles)
-                   "plot_curves", "legend", "draw_training", "draw_data_scale", "draw_language", "draw"],
+                   "plot_curves", "legend", "draw_training", "draw_data_scale", "draw_language", "draw",
+                   "draw_synthetic", "draw_vision", "draw_robustness", "draw_grokking", "draw_parity"],
                   ["tests/test_figures.py", "tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py",
                    "tests/test_grokking.py", "tests/test_robustness.py", "tests/test_parity.py",
                    "tests/test_synthetic.py", "tests/test_imagenet.py"]),
@@ -72,8 +73,8 @@ TARGETS = {
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "check_flags", "load_dataset", "add_flags", "parse_args",
                    # the models and what the training loop measures with
-                   "MLP.__init__", "MLP.forward", "PatchNorm.forward", "build_model", "ablation", "measure_during",
-                   "logged", "cross_entropy", "final_sweep", "final_record", "main"],
+                   "MLP.__init__", "MLP.forward", "PatchNorm.__init__", "PatchNorm.forward", "build_model", "ablation",
+                   "measure_during", "logged", "cross_entropy", "final_sweep", "final_record", "main"],
                   ["tests/test_vision.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: torchrun
     "vits.py": (["FeedForward.__init__", "FeedForward.forward", "dropout_rows", "Attention.__init__",
                  "Attention.forward", "Transformer.__init__", "Transformer.forward",
@@ -89,7 +90,7 @@ TARGETS = {
     "synthetic.py": (["make_data", "make_sets", "vote", "vote_classifier", "evaluate", "AttentionClassifier.attention",
                       "AttentionClassifier.forward", "AttentionClassifier.head_in_token_space", "Vocab.__init__",
                       "train_one", "main", "Vocab.sparse", "Vocab.frequent", "settings",
-                      "AttentionClassifier.__init__", "check_sizes", "parse_args"],
+                      "AttentionClassifier.__init__", "check_sizes", "parse_args", "Vocab.to"],
                      ["tests/test_synthetic.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "language.py": (["Tokenizer.encode_pair", "encode", "evaluate", "measure_sensitivity", "Block.forward",
                      "Block.attend", "by_length", "Block.forward_suffix", "TextTransformer.prefix_cache",
@@ -105,7 +106,8 @@ TARGETS = {
                     ["tests/test_language.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
-                       "Normalize.forward", "evaluate_model", "main", "default_corruptions", "parse_args"],
+                       "Normalize.__init__", "Normalize.forward", "evaluate_model", "main", "default_corruptions",
+                       "parse_args"],
                       ["tests/test_robustness.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     "corruptions.py": (["truncate", "gaussian_kernel", "gaussian_filter", "defocus_blur", "motion", "clipped_zoom",
                         "zoom_blur", "through_pil", "pixelate", "sample", "elastic_transform", "glass_blur", "snow",
