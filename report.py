@@ -887,7 +887,7 @@ def draw_grokking(data, folder, plt):
         ax.set_xscale("symlog", linthresh=100)  # linear to 100, then logarithmic
         ax.set_xlim(left=0)
         ax.set_xlabel("epoch")
-        ax.set_title(title + f" ({len(hists)} seed{'s' if len(hists) > 1 else ''})", fontsize=9)
+        ax.set_title(f"{title} ({seeds(len(hists))})", fontsize=9)
         legend(ax)
     axes[1].set_yscale("log")
     return [save_figure(fig, f"{folder}/grokking.png")]

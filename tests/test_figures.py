@@ -175,12 +175,14 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert list(bars) == ["vit-vanilla (sens 0.3000, 2 seeds)", "vit-reg (sens 0.1000, 1 seed)"]
     assert np.allclose([b.get_height() for b in bars["vit-vanilla (sens 0.3000, 2 seeds)"]], [0.5, 0.35])
     assert np.allclose([b.get_height() for b in bars["vit-reg (sens 0.1000, 1 seed)"]], [0.8, 0.5])
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["fog", "snow"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fog", "snow"] and np.allclose(ax.get_xticks(), [0.2, 1.2])
+    centres = [[b.get_x() + b.get_width() / 2 for b in c] for c in ax.containers]  # side by side at each corruption
+    assert np.allclose(centres, [[0, 1], [0.4, 1.4]]) and {b.get_width() for c in ax.containers for b in c} == {0.4}
     ax, = drawn[1].axes
     assert np.allclose(ax.collections[0].get_offsets(), [[0.2, 0.6], [0.4, 0.3]])
     (point, _, (xerr, yerr)), (reg_point, _, (reg_xerr, _)) = (c.lines for c in ax.containers)
     half = lambda bars: [np.ptp(segment, axis=0).max() / 2 for segment in bars.get_segments()]  # an error bar's
-    assert np.allclose(point.get_xydata(), [[0.3, 0.45]])
+    assert np.allclose(point.get_xydata(), [[0.3, 0.45]]) and point.get_marker() == "o"
     assert np.allclose(half(xerr), [0.1]) and np.allclose(half(yerr), [0.15])  # std (ddof 1) / sqrt(2 seeds)
     assert np.allclose(reg_point.get_xydata(), [[0.1, 0.7]]) and np.allclose(half(reg_xerr), [0])  # one seed
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
@@ -202,6 +204,7 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     axes = drawn[0].axes
     assert len(axes) == 8 and [ax.get_title() for ax in axes[:2]] == ["sparse-lower (2 seeds)",
                                                                       "frequent-lower (1 seed)"]
+    assert [ax.get_xlabel() for ax in axes] == [""] * 6 + ["SGD step"] * 2  # under the last row (a shared x)
     rows = [axes[2 * i] for i in range(4)]  # the first column, top to bottom
     assert [ax.get_ylabel() for ax in rows] == ["accuracy", "head alignment (cos)", "attention mass", "sensitivity"]
     assert [[ln.get_label() for ln in ax.lines] for ax in rows] == [
@@ -219,4 +222,5 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     assert accuracy.get_title() == "setting1 (1 seed)"
     assert [ln.get_label() for ln in accuracy.lines] == ["train", "test"]
     assert [ln.get_label() for ln in sens.lines] == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
+    assert (sens.get_xlabel(), sens.get_ylabel()) == ("Adam step", "Boolean sensitivity")
     assert list(sens.lines[0].get_ydata()) == [0, 10] and list(sens.lines[2].get_ydata()) == [3, 3]

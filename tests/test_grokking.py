@@ -110,6 +110,13 @@ def test_figure_draws_each_seed_to_its_own_last_epoch(tmp_path, drawn):
     accuracy = drawn[0].axes[0]
     curves = [line for line in accuracy.lines if len(line.get_xdata()) > 2]  # (not the phases' vertical lines)
     assert sorted(max(line.get_xdata()) for line in curves) == [500, 500, 1200, 1200]  # train and test of each seed
+    phases = sorted((line.get_xdata()[0], line.get_linestyle()) for line in accuracy.lines if line not in curves)
+    assert phases == [(0, ":"), (0, ":"), (500, "--"), (1200, "--")]  # memorised (train acc 1), grokked (test > 0.95)
+    assert accuracy.get_xscale() == "symlog" and accuracy.get_xlim()[0] == 0
+    assert accuracy.get_title() == "accuracy (2 seeds)"
+    assert [t.get_text() for t in accuracy.get_legend().get_texts()] == ["train", "test"]  # one entry per quantity
+    colours = [tuple(line.get_color()) for line in curves]  # train of each seed, then test of each
+    assert colours[0] == colours[1] != colours[2] == colours[3]  # ... and one colour per quantity
 
 
 @pytest.mark.slow
