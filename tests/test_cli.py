@@ -57,6 +57,7 @@ def run(script, argv, capsys):
 
 BAD = [
     ("vision", ["--model", "vgg"], "unknown model 'vgg'"),
+    ("vision", ["--lr", "cnn=0.05", "vgg=0.1"], "unknown model 'vgg' in vgg=0.1"),  # a rate for a model, by its name
     ("vision", ["--sigma", "nan"], "--sigma must be a finite number >= 0"),
     ("vision", ["--sigma", "inf"], "--sigma must be a finite number >= 0"),
     ("vision", ["--sigma", "-0.1"], "--sigma"),
@@ -156,12 +157,14 @@ DEFAULTS = {
                    sigma=[0.1], sens_seed=0, schedule="constant", momentum=0.0, seeds=[0],  # the authors' ViT-small
                    dim_head=64, epochs=50, eval_every=5,  # [author code]
                    model=["vit"], dataset="cifar10", weight_decay=0.0, mask=["patch"], n_sens=500, data_seed=0,
-                   reps=1),  # [decided]: one noise draw per (image, patch)
+                   reps=1,  # [decided]: one noise draw per (image, patch)
+                   data_dir="data"),  # [decided]: where the files are read from or downloaded to
     "language": dict(depth=4, heads=8, dim=256, max_len=128, sigma=[15 ** 0.5],  # [author code]
                      lr=1e-4, weight_decay=1e-4, dropout=0.1, batch_size=32, split="paper",  # [paper]
                      model=["roberta", "lstm"], attn=["softmax"], task="mrpc",  # the main comparison
                      n_sens=500, sens_positions=None, reps=1,  # [decided]: every position of 500 pairs, once
-                     epochs=10, eval_every=625, vocab_size=10000, seeds=[0], sens_seed=0),  # [decided]
+                     epochs=10, eval_every=625, vocab_size=10000, seeds=[0], sens_seed=0,  # [decided]
+                     data_dir="data/glue"),  # [decided]: MRPC/ and QQP/ beside vision.py's data
     "grokking": dict(p=113, frac_train=0.3, dim=128, heads=4, mlp_dim=512, lr=1e-3, weight_decay=1.0, epochs=20000,
                      sigma=0.1, eval_every=100,  # [author code]
                      reps=2, data_seed=598, seeds=[0]),  # [decided]: two noise draws per (pair, position)

@@ -400,11 +400,12 @@ def test_noises_and_colour_steps_have_their_closed_forms():
 def test_the_pil_corruptions_read_floats_as_the_bytes_they_are():
     """through_pil rounds to the nearest byte: floats a hair below their byte (another pipeline's rounding) come back
     from pixelate at factor 1 (the identity) as that byte, black and white included, in colour and in grey (one
-    channel, PIL's mode L)."""
+    channel, PIL's mode L); a float above white is white, not wrapped round to black as a byte."""
     for channels in (3, 1):
         x = smooth_images(4, channels, 32)
         x[..., 0, :], x[..., 1, :] = 0, 255
         assert torch.equal(C.pixelate(x.float() / 255 - 1e-4, 1.0, None), x.float() / 255), channels
+        assert torch.equal(C.pixelate(torch.full((1, channels, 8, 8), 1.01), 1.0, None), torch.ones(1, channels, 8, 8))
 
 
 def test_chamfer_distance_and_canny_thresholds_at_their_edges():
