@@ -9,6 +9,20 @@ from matplotlib.colors import to_rgba
 import report
 
 
+def curves(ax):
+    """{label: (x, y)} of a panel's lines."""
+    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
+
+
+def corners(band):
+    """The (x, y) corners of a fill_between band, rounded."""
+    return {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
+
+
+def legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
 def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_band():
     """plot_curves: the mean over seeds at the x every seed measured (a None is not a measurement), +-1 std band in
     the line's colour; one seed, no band; no common x, no line."""
@@ -21,8 +35,8 @@ def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_ban
     assert list(line.get_xdata()) == [0, 2] and np.allclose(line.get_ydata(), [0.2, 0.7])
     assert line.get_label() == "vit (2 seeds)" and line.get_color() == "C3"
     band, = axes[0].collections  # mean - std to mean + std: 0.1-0.3 at step 0, 0.5-0.9 at step 2
-    corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
-    assert {(0, 0.1), (0, 0.3), (2, 0.5), (2, 0.9)} <= corners and {y for _, y in corners} <= {0.1, 0.3, 0.5, 0.9}
+    assert {(0, 0.1), (0, 0.3), (2, 0.5), (2, 0.9)} <= corners(band)
+    assert {y for _, y in corners(band)} <= {0.1, 0.3, 0.5, 0.9}
     assert np.allclose(band.get_facecolor()[0], to_rgba("C3", 0.2))
     report.plot_curves(axes[1], hists[:1], "step", "sens", "one seed")
     assert list(axes[1].lines[0].get_xdata()) == [0, 1, 2, 3] and not axes[1].collections
@@ -40,7 +54,7 @@ def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measure
     axes[3].fill_between([0, 1], [0, 1], [1, 2])
     for ax in axes:
         report.legend(ax)
-    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["vit"]
+    assert legend_texts(axes[0]) == ["vit"]
     assert [ax.get_legend() for ax in axes[1:]] == [None, None, None]
     assert [[t.get_text() for t in ax.texts] for ax in axes] == [[], [], ["not measured yet"], []]
     plt.close(fig)
@@ -65,7 +79,7 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
     assert ax.get_title() == "patch:0.1" and ax.get_xscale() == "log"
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["mlp - vit", "cnn - vit"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["mlp - vit", "cnn - vit"]
+    assert legend_texts(ax) == ["mlp - vit", "cnn - vit"]
     for name, xs, ys, errors in [("mlp - vit", [90, 600], [0.4, 0.2], [0.03, 0.05]),
                                  ("cnn - vit", [90, 600], [0.3, -0.1], [0.02, 0])]:  # one seed: NaN or null
         line, _, (segments,) = bars[name].lines
@@ -97,13 +111,12 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     assert sens.get_xlabel() == "training examples seen" and list(sens.lines[0].get_xdata()) == [0, 10, 20]
     right, left, right_pairs, left_pairs = drawn[1].axes
     assert [right.get_title(), left.get_title()] == ["right-aligned", "left-aligned"]
-    curves = {ax.get_title(): {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines}
-              for ax in (right, left)}
-    assert curves["right-aligned"].keys() == {"roberta (2 seeds)", "lstm (1 seed)"}
-    xs, ys = curves["right-aligned"]["roberta (2 seeds)"]  # positions -3 and -2 reached by 1 and 2 of 8 pairs
+    drawn_right, drawn_left = curves(right), curves(left)
+    assert drawn_right.keys() == {"roberta (2 seeds)", "lstm (1 seed)"}
+    xs, ys = drawn_right["roberta (2 seeds)"]  # positions -3 and -2 reached by 1 and 2 of 8 pairs
     assert xs == [-2, -1, 0] and ys == pytest.approx([0.2, 0.3, 0.2])
-    assert list(curves["left-aligned"]) == ["roberta (2 seeds)"]
-    xs, ys = curves["left-aligned"]["roberta (2 seeds)"]
+    assert list(drawn_left) == ["roberta (2 seeds)"]
+    xs, ys = drawn_left["roberta (2 seeds)"]
     assert xs == [0, 1, 2] and ys == pytest.approx([0.3, 0.5, 0.7])
     assert [list(ax.lines[0].get_xdata()) for ax in (right_pairs, left_pairs)] == [[-3, -2, -1, 0], [0, 1, 2, 3]]
     assert [list(ax.lines[0].get_ydata()) for ax in (right_pairs, left_pairs)] == [[1, 2, 4, 8], [8, 4, 2, 1]]
@@ -117,8 +130,9 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
         hist = [{"epoch": e, "train_acc": a, "test_acc": 0.5, **({"sens": s} if s is not None else {})}
                 for e, (a, s) in enumerate(zip([0.2, 0.5, 0.9], sens))]
         final = {"sens_at": {k: {"sens": v, "stderr": 0.01} for k, v in finals.items()}}
-        return {"model": model, "seed": seed, "history": hist, "final": final | ({"sens_map": sens_map} if sens_map
-                                                                                 else {})}
+        if sens_map:
+            final["sens_map"] = sens_map
+        return {"model": model, "seed": seed, "history": hist, "final": final}
 
     data = {"script": "vision", "args": {"mask": ["patch"], "sigma": [0.1, 1.0]}, "runs": {
         "vit/seed0": run("vit", 0, [0.1, None, 0.3], {"patch:0.1": 0.1, "patch:1": 0.3, "scattered:1": 0.2},
@@ -133,20 +147,18 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines] == [
         ([0.2, 0.9], [0.1, 0.3]), ([0.2, 0.5, 0.9], [0.2, 0.4, 0.6]), ([0.2, 0.5, 0.9], [0.5, 0.6, 0.7])]
     assert [ln.get_color() for ln in ax.lines] == ["C0", "C0", "C1"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vit", "mlp"]
+    assert legend_texts(ax) == ["vit", "mlp"]
     patch, scattered = drawn[2].axes
     assert [patch.get_title(), scattered.get_title()] == ["patch mask (band: range over seeds)",
                                                           "scattered mask (band: range over seeds)"]
-    curves = {ax.get_title().split()[0]: {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata()))
-                                          for ln in ax.lines} for ax in (patch, scattered)}
-    assert curves["patch"].keys() == {"vit (2 seeds)", "mlp (1 seed)"}
-    assert curves["patch"]["vit (2 seeds)"][0] == [0.1, 1.0]
-    assert np.allclose(curves["patch"]["vit (2 seeds)"][1], [0.2, 0.5])
-    assert curves["patch"]["mlp (1 seed)"] == ([0.1, 1.0], [0.6, 0.8])
-    assert list(curves["scattered"]) == ["vit (2 seeds)"] and np.allclose(curves["scattered"]["vit (2 seeds)"][1], 0.3)
+    sweep, sweep_scattered = curves(patch), curves(scattered)
+    assert sweep.keys() == {"vit (2 seeds)", "mlp (1 seed)"}
+    assert sweep["vit (2 seeds)"][0] == [0.1, 1.0] and np.allclose(sweep["vit (2 seeds)"][1], [0.2, 0.5])
+    assert sweep["mlp (1 seed)"] == ([0.1, 1.0], [0.6, 0.8])
+    assert list(sweep_scattered) == ["vit (2 seeds)"] and np.allclose(sweep_scattered["vit (2 seeds)"][1], 0.3)
     band, = patch.collections  # the vit's range over its two seeds; the one-seed mlp has none
-    corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
-    assert {(0.1, 0.1), (0.1, 0.3), (1, 0.3), (1, 0.7)} <= corners and {y for _, y in corners} <= {0.1, 0.3, 0.7}
+    assert {(0.1, 0.1), (0.1, 0.3), (1, 0.3), (1, 0.7)} <= corners(band)
+    assert {y for _, y in corners(band)} <= {0.1, 0.3, 0.7}
     image_ax = drawn[3].axes[0]
     assert image_ax.get_title() == "vit/seed0" and np.allclose(image_ax.images[0].get_array(), [[0.1, 0.2],
                                                                                                 [0.3, 0.4]])
@@ -185,7 +197,7 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert np.allclose(point.get_xydata(), [[0.3, 0.45]]) and point.get_marker() == "o"
     assert np.allclose(half(xerr), [0.1]) and np.allclose(half(yerr), [0.15])  # std (ddof 1) / sqrt(2 seeds)
     assert np.allclose(reg_point.get_xydata(), [[0.1, 0.7]]) and np.allclose(half(reg_xerr), [0])  # one seed
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
+    assert legend_texts(ax) == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
     ax, = drawn[2].axes
     assert [ln.get_label() for ln in ax.lines] == ["vit-vanilla", "vit-reg"]
     assert np.allclose(ax.lines[0].get_ydata(), [0, 0.3, 0.6])
