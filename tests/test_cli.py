@@ -92,6 +92,7 @@ BAD = [
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
     ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
+    ("vision", ["--spt-shift", "2"], "--spt-shift: invalid choice: '2' (choose from '1', 'half')"),  # not half a patch
     ("vision", ["--activation", "sigmoid"], "unrecognized arguments: --activation"),
     ("vision", ["--split-seed", "1"], "unrecognized arguments: --split-seed"),
     ("vision", ["--patch", "4"], "unrecognized arguments: --patch"),
