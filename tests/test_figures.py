@@ -109,6 +109,7 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     assert paths == [f"{tmp_path}/sensitivity.png", f"{tmp_path}/sensitivity_by_position.png"]
     sens = drawn[0].axes[0]
     assert sens.get_xlabel() == "training examples seen" and list(sens.lines[0].get_xdata()) == [0, 10, 20]
+    assert [legend_texts(ax) for ax in drawn[0].axes] == [["roberta (2 seeds)", "lstm (1 seed)"]] * 3
     right, left, right_pairs, left_pairs = drawn[1].axes
     assert [right.get_title(), left.get_title()] == ["right-aligned", "left-aligned"]
     drawn_right, drawn_left = curves(right), curves(left)
@@ -118,6 +119,7 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     assert list(drawn_left) == ["roberta (2 seeds)"]
     xs, ys = drawn_left["roberta (2 seeds)"]
     assert xs == [0, 1, 2] and ys == pytest.approx([0.3, 0.5, 0.7])
+    assert [legend_texts(right), legend_texts(left)] == [["roberta (2 seeds)", "lstm (1 seed)"], ["roberta (2 seeds)"]]
     assert [list(ax.lines[0].get_xdata()) for ax in (right_pairs, left_pairs)] == [[-3, -2, -1, 0], [0, 1, 2, 3]]
     assert [list(ax.lines[0].get_ydata()) for ax in (right_pairs, left_pairs)] == [[1, 2, 4, 8], [8, 4, 2, 1]]
 
@@ -142,6 +144,7 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     paths = report.draw(data, str(tmp_path))
     assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
                                                      "sigma_sweep.png", "sensitivity_maps.png"]
+    assert [legend_texts(ax) for ax in drawn[0].axes] == [["vit (2 seeds)", "mlp (1 seed)"]] * 3
     ax, = drawn[1].axes
     assert ax.get_ylabel() == "sensitivity (patch, sigma 0.1)"
     assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines] == [
@@ -156,6 +159,7 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     assert sweep["vit (2 seeds)"][0] == [0.1, 1.0] and np.allclose(sweep["vit (2 seeds)"][1], [0.2, 0.5])
     assert sweep["mlp (1 seed)"] == ([0.1, 1.0], [0.6, 0.8])
     assert list(sweep_scattered) == ["vit (2 seeds)"] and np.allclose(sweep_scattered["vit (2 seeds)"][1], 0.3)
+    assert [legend_texts(patch), legend_texts(scattered)] == [["vit (2 seeds)", "mlp (1 seed)"], ["vit (2 seeds)"]]
     band, = patch.collections  # the vit's range over its two seeds; the one-seed mlp has none
     assert {(0.1, 0.1), (0.1, 0.3), (1, 0.3), (1, 0.7)} <= corners(band)
     assert {y for _, y in corners(band)} <= {0.1, 0.3, 0.7}
@@ -184,7 +188,7 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
                                                      "sensitivity.png"]
     ax, = drawn[0].axes
     bars = {c.get_label(): c for c in ax.containers}
-    assert list(bars) == ["vit-vanilla (sens 0.3000, 2 seeds)", "vit-reg (sens 0.1000, 1 seed)"]
+    assert list(bars) == ["vit-vanilla (sens 0.3000, 2 seeds)", "vit-reg (sens 0.1000, 1 seed)"] == legend_texts(ax)
     assert np.allclose([b.get_height() for b in bars["vit-vanilla (sens 0.3000, 2 seeds)"]], [0.5, 0.35])
     assert np.allclose([b.get_height() for b in bars["vit-reg (sens 0.1000, 1 seed)"]], [0.8, 0.5])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fog", "snow"] and np.allclose(ax.get_xticks(), [0.2, 1.2])
@@ -199,7 +203,7 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert np.allclose(reg_point.get_xydata(), [[0.1, 0.7]]) and np.allclose(half(reg_xerr), [0])  # one seed
     assert legend_texts(ax) == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
     ax, = drawn[2].axes
-    assert [ln.get_label() for ln in ax.lines] == ["vit-vanilla", "vit-reg"]
+    assert [ln.get_label() for ln in ax.lines] == ["vit-vanilla", "vit-reg"] == legend_texts(ax)
     assert np.allclose(ax.lines[0].get_ydata(), [0, 0.3, 0.6])
 
 
@@ -221,7 +225,8 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     assert [ax.get_ylabel() for ax in rows] == ["accuracy", "head alignment (cos)", "attention mass", "sensitivity"]
     assert [[ln.get_label() for ln in ax.lines] for ax in rows] == [
         ["train", "test", "OOD test"], ["v_sparse", "v_frequent", "v_irrelevant"],
-        ["sparse", "frequent", "irrelevant"], ["model", "sparse vote", "frequent vote"]]
+        ["sparse", "frequent", "irrelevant"], ["model", "sparse vote", "frequent vote"]] == [
+        legend_texts(ax) for ax in rows]
     for i, line in enumerate(ln for ax in rows for ln in ax.lines):  # key i: 0.02 (i + 1) t, the mean of the seeds
         assert np.allclose(line.get_ydata(), [0, 0.02 * (i + 1), 0.04 * (i + 1)]), keys[i]
     assert np.allclose(axes[7].lines[2].get_ydata(), [0, 0.6, 1.2])  # frequent-lower's frequent vote
