@@ -93,6 +93,16 @@ BAD = [
     ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
     ("vision", ["--spt-shift", "2"], "--spt-shift: invalid choice: '2' (choose from '1', 'half')"),  # not half a patch
+    # every flag with choices refuses a value outside them, before anything else (not a KeyError or a silent default)
+    ("vision", ["--dataset", "cifar100"], "--dataset: invalid choice: 'cifar100'"),
+    ("vision", ["--mask", "patch", "random"], "--mask: invalid choice: 'random' (choose from 'patch', 'scattered',"),
+    ("imagenet", ["--model", "resnet50"], "--model: invalid choice: 'resnet50'"),
+    ("imagenet", ["--mask", "scattered"], "--mask: invalid choice: 'scattered' (choose from 'patch', 'global')"),
+    ("synthetic", ["--case", "both"], "--case: invalid choice: 'both'"),
+    ("language", ["--task", "sst2"], "--task: invalid choice: 'sst2'"),
+    ("language", ["--split", "test"], "--split: invalid choice: 'test' (choose from 'paper', 'glue')"),
+    ("language", ["--align", "centre"], "--align: invalid choice: 'centre' (choose from 'right', 'left')"),
+    ("robustness", ["--variants", "adversarial"], "--variants: invalid choice: 'adversarial'"),
     ("vision", ["--activation", "sigmoid"], "unrecognized arguments: --activation"),
     ("vision", ["--split-seed", "1"], "unrecognized arguments: --split-seed"),
     ("vision", ["--patch", "4"], "unrecognized arguments: --patch"),
