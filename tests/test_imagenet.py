@@ -77,6 +77,16 @@ def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, mo
     assert "vit_l_16/seed0 | patch:1 0.0000 +- 0.0000 | patch:100 0.0000 +- 0.0000" in claims
 
 
+def test_model_chooses_the_models_measured(tmp_path, monkeypatch):
+    """--model takes one model or several: one is measured alone, with no paired difference to give."""
+    stand_ins(monkeypatch)
+    base = ["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "2", "--sens-positions", "2",
+            "--out-dir", str(tmp_path / "out")]
+    data = imagenet.main(imagenet.parse_args(base + ["--model", "convnext_tiny", "--run-name", "one"]))
+    assert list(data["runs"]) == ["convnext_tiny/seed0"]
+    assert imagenet.parse_args(base + ["--model", "vit_l_16", "convnext_tiny"]).model == ["vit_l_16", "convnext_tiny"]
+
+
 def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path, monkeypatch):
     """--resume FOLDER alone (no --imagenet-dir: the folder's flags) keeps the models measured before the stop and
     measures the others; the pairs are then made as in an uninterrupted run."""
