@@ -83,7 +83,7 @@ def test_model_chooses_the_models_measured(tmp_path, monkeypatch):
     base = ["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "2", "--sens-positions", "2",
             "--out-dir", str(tmp_path / "out")]
     data = imagenet.main(imagenet.parse_args(base + ["--model", "convnext_tiny", "--run-name", "one"]))
-    assert list(data["runs"]) == ["convnext_tiny/seed0"]
+    assert list(data["runs"]) == ["convnext_tiny/seed0"] and data["paired"] == {}
     assert imagenet.parse_args(base + ["--model", "vit_l_16", "convnext_tiny"]).model == ["vit_l_16", "convnext_tiny"]
 
 
