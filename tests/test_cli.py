@@ -92,8 +92,8 @@ BAD = [
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
     ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
-    ("vision", ["--spt-shift", "2"], "--spt-shift: invalid choice: '2' (choose from '1', 'half')"),  # not half a patch
     # every flag with choices refuses a value outside them, before anything else (not a KeyError or a silent default)
+    ("vision", ["--spt-shift", "2"], "--spt-shift: invalid choice: '2' (choose from '1', 'half')"),  # not one pixel
     ("vision", ["--dataset", "cifar100"], "--dataset: invalid choice: 'cifar100'"),
     ("vision", ["--mask", "patch", "random"], "--mask: invalid choice: 'random' (choose from 'patch', 'scattered',"),
     ("imagenet", ["--model", "resnet50"], "--model: invalid choice: 'resnet50'"),
