@@ -834,18 +834,21 @@ def draw_robustness(data, folder, plt):
     ax.set_ylabel("test accuracy (mean over severities)")
     legend(ax)
     paths = [save_figure(fig, f"{folder}/corruptions.png")]
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for i, (label, finals) in enumerate(groups.items()):
-        s = np.array([f["sens"] for f in finals])
-        a = np.array([f["mean_corruption_acc"] for f in finals], dtype=float)
-        ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
-        se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
-        ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
-                    label=f"{label} ({seeds(len(finals))})")
-    ax.set_xlabel("sensitivity (train subset)")
-    ax.set_ylabel("mean corruption accuracy (15 standard)")
-    legend(ax)
-    paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
+    standard = [f.get("standard_measured", 15) for finals in groups.values() for f in finals
+                if f.get("mean_corruption_acc") is not None]  # none: only the extra corruptions were measured
+    if standard:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for i, (label, finals) in enumerate(groups.items()):
+            s = np.array([f["sens"] for f in finals])
+            a = np.array([f["mean_corruption_acc"] for f in finals], dtype=float)
+            ax.scatter(s, a, color=f"C{i}", alpha=0.4, s=12)
+            se = (lambda v: v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0)
+            ax.errorbar(s.mean(), a.mean(), xerr=se(s), yerr=se(a), fmt="o", color=f"C{i}", capsize=3,
+                        label=f"{label} ({seeds(len(finals))})")
+        ax.set_xlabel("sensitivity (train subset)")
+        ax.set_ylabel(f"mean corruption accuracy ({max(standard)} standard)")
+        legend(ax)
+        paths.append(save_figure(fig, f"{folder}/sensitivity_vs_robustness.png"))
     hists = {label: [r["history"] for r in models(data)[label] if r["history"]] for label in groups}
     if any(hists.values()):
         fig, ax = plt.subplots(figsize=(5, 4))

@@ -64,6 +64,16 @@ def test_gaussian_noise_is_drawn_in_the_tokens_dtype():
         assert abs(out.double().std().item() - 2.0) < 0.05 and abs(out.double().mean().item() - 1) < 0.05
 
 
+def test_float64_inputs_stay_float64_in_every_copy():
+    """x of float64 (what torch.from_numpy gives): the model gets float64 copies (none rounded to float32, where
+    1e-50 would be 0), and a sign flip of token 0 changes the sign read from it: every input flips at position 0."""
+    x = torch.tensor([1.0, -1.0, 2.0, -2.0, 1e-50, -3.0], dtype=torch.float64)[:, None, None].repeat(1, 3, 1)
+    seen = []
+    f = lambda xb, i: seen.append(xb.dtype) or xb[:, 0, 0] > 0
+    s = sensitivity(f, x, lambda tokens, g: -tokens, batch_size=4)
+    assert set(seen) == {torch.float64} and s.mean == pytest.approx(1 / 3) and s.per_position.tolist() == [1, 0, 0]
+
+
 def test_constant_model_has_zero_sensitivity():
     x = torch.randn(40, 5, 4)
     s = sensitivity(lambda xb, idx: torch.ones(len(xb), 3), x, gaussian(10.0), reps=3)
@@ -342,8 +352,10 @@ def test_paired_differences_against_hand_computed_values():
     d = out["models"]["mlp"]["diff"]["1"]
     assert d["per_seed"]["seed0"] == pytest.approx([0.1, math.sqrt(0.01) / math.sqrt(3)])
     assert d["per_seed"]["seed1"] == pytest.approx([1 / 30, math.sqrt(0.04 / 3) / math.sqrt(3)])
-    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2) and d["seeds"] == 2 and "seed2" not in d["per_seed"]
-    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2))
+    # in float64 throughout: float32 would round these means by about 1e-8 of themselves
+    assert d["mean"] == pytest.approx((0.1 + 1 / 30) / 2, rel=1e-12) and d["seeds"] == 2
+    assert d["stderr"] == pytest.approx(abs(0.1 - 1 / 30) / math.sqrt(2) / math.sqrt(2), rel=1e-12)
+    assert "seed2" not in d["per_seed"]
     c = out["models"]["cnn"]["diff"]["1"]
     assert c["mean"] == 0 and c["seeds"] == 1 and math.isnan(c["stderr"])
 

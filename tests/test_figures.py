@@ -207,6 +207,23 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert np.allclose(ax.lines[0].get_ydata(), [0, 0.3, 0.6])
 
 
+def test_the_robustness_figures_of_the_extra_corruptions_alone_leave_out_the_standard_mean(tmp_path, drawn):
+    """A run measured on the extra corruptions alone (`--corruptions speckle_noise`) has no mean over the standard
+    ones (null): no sensitivity-against-robustness figure, the other two as usual. Without frost the mean is over 14,
+    and the axis says so."""
+    def run(seed, mean_acc, standard):
+        return {"model": "vit-vanilla", "seed": seed, "history": [{"epoch": 0, "sens": 0.1}],
+                "final": {"corruption_acc": {"speckle_noise": {"1": 0.5}}, "sens": 0.2, "mean_corruption_acc": mean_acc,
+                          "standard_measured": standard}}
+    extra = {"script": "robustness", "runs": {f"vit-vanilla/seed{i}": run(i, None, 0) for i in range(2)}}
+    paths = report.draw(extra, str(tmp_path / "extra"))
+    assert [p.rpartition("/")[2] for p in paths] == ["corruptions.png", "sensitivity.png"]
+    no_frost = {"script": "robustness", "runs": {f"vit-vanilla/seed{i}": run(i, 0.5, 14) for i in range(2)}}
+    paths = report.draw(no_frost, str(tmp_path / "no-frost"))
+    assert paths[1].endswith("sensitivity_vs_robustness.png")
+    assert drawn[3].axes[0].get_ylabel() == "mean corruption accuracy (14 standard)"
+
+
 def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seeds(tmp_path, drawn):
     """draw_synthetic: one column per preset, its four rows (accuracy, alignments, attention mass, sensitivities)
     with three curves each, the mean over the preset's seeds; draw_parity: the same per setting, with k marked."""

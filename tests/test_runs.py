@@ -482,6 +482,17 @@ def test_threads_are_one_per_process_by_default_and_at_most_four_per_core():
         torch.set_num_threads(before)
 
 
+def test_all_sum_adds_the_ranks_numbers_in_float64(monkeypatch):
+    """all_sum under torchrun (two ranks stood in for, each holding the same numbers): the sums are exact in float64,
+    a loss of 0.1 as well as a count above 2^24, where float32 would round both."""
+    monkeypatch.setattr(runs, "ranks", lambda: (0, 2))
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t: t.mul_(2))
+    assert runs.all_sum(0.1, 2**24 + 1, 3) == (0.2, 2**25 + 2, 6)
+    monkeypatch.setattr(runs, "ranks", lambda: (0, 1))
+    assert runs.all_sum(0.1, 7) == (0.1, 7)  # one process: the numbers themselves
+
+
 def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo(monkeypatch):
     """setup() under torchrun (WORLD_SIZE > 1), with the process group and the CUDA calls stood in for: --device cuda,
     or auto where CUDA is present, joins nccl on GPU LOCAL_RANK and runs there; --device cpu, or auto without CUDA,
