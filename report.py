@@ -817,8 +817,8 @@ def draw_language(data, folder, plt):
 
 def draw_robustness(data, folder, plt):
     """Fig. 9: accuracy per corruption (mean over severities and seeds) per model, its sensitivity in the legend;
-    sensitivity against mean corruption accuracy (one point per model and seed, and the mean +- s.e. over seeds);
-    sensitivity through training."""
+    sensitivity against mean corruption accuracy (one point per model and seed, and the mean +- s.e. over seeds;
+    only where standard corruptions were measured); sensitivity through training."""
     groups = robustness_groups(data)
     if not groups:
         return []
