@@ -80,6 +80,8 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["mlp - vit", "cnn - vit"]
     assert legend_texts(ax) == ["mlp - vit", "cnn - vit"]
+    zero, = [ln for ln in ax.lines if ln.get_linestyle() == "-" and ln.get_color() == "gray"]  # where the sign changes
+    assert list(zero.get_ydata()) == [0, 0]
     for name, xs, ys, errors in [("mlp - vit", [90, 600], [0.4, 0.2], [0.03, 0.05]),
                                  ("cnn - vit", [90, 600], [0.3, -0.1], [0.02, 0])]:  # one seed: NaN or null
         line, _, (segments,) = bars[name].lines
