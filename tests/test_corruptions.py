@@ -81,11 +81,11 @@ def ours_at_seed0(images):
             for n in RANDOM if n != "frost" for s in (2, 5)}
 
 
-def test_a_seed_gives_the_corruptions_it_gave_when_the_robustness_row_was_measured():
+def test_a_seed_gives_the_corruptions_the_fixture_stored():
     """The corrupted test set follows from its seed, today as when tests/fixtures/ours_at_seed0.npz was written: a
     change in what a corruption draws, in what order or at what precision (float32 noise for float64) moves every
-    corruption accuracy the robustness row reports, so it must be made on purpose (rewrite the file with `python
-    tests/test_corruptions.py`). Within 1 grey level, for float rounding on other processors."""
+    corruption accuracy the robustness row reports, so it must be made on purpose (then rewrite the file:
+    `PYTHONPATH=. python tests/test_corruptions.py`). Within 1 grey level, for float rounding on other processors."""
     ref = dict(np.load(OURS))
     mine = ours_at_seed0(torch.from_numpy(ref.pop("images")))
     assert sorted(mine) == sorted(ref)
