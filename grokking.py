@@ -39,7 +39,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=positive_int, default=20000, help="full-batch AdamW steps")
     g.add_argument("--stop-after-grok", type=nonnegative_int, default=None, metavar="EPOCHS",
-                   help="end a run this many epochs after it groks (test accuracy first > 95%%, at an evaluation), "
+                   help="end a run EPOCHS epochs after it groks (test accuracy first > 95%%, at an evaluation), "
                         "before --epochs; default: train every --epochs")
     g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate")
     g.add_argument("--weight-decay", type=nonnegative_float, default=1.0, help="AdamW weight decay")

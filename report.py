@@ -946,9 +946,9 @@ def parse_args(argv=None):
                    "final measurements) instead of redrawing or merging")
     p.add_argument("--out-dir", type=str, default="out", help="merged runs go to <out-dir>/<script>/<run-name>/")
     p.add_argument("--run-name", type=run_name, default="combined", help="the merged run's folder name")
-    p.add_argument("--vary", type=str, nargs="+", default=[], metavar="FLAG", help="flags the merged folders may "
-                   "differ in beyond --seeds, --threads, --device and the run's name: the models of a "
-                   "one-process-per-model protocol (model optimizer lr), a data-size study's n-train")
+    p.add_argument("--vary", type=str, nargs="+", default=[], metavar="FLAG", help="each FLAG (its name without "
+                   "dashes) the merged folders may differ in beyond --seeds, --threads, --device and the run's name: "
+                   "the models of a one-process-per-model protocol (model optimizer lr), a data-size study's n-train")
     args = p.parse_args(argv)
     if bool(args.folders) == bool(args.claims):
         p.error("give run folders, or --claims OUT")

@@ -495,7 +495,7 @@ def test_help_shows_every_default(capsys):
         assert p.description == module.__doc__, name  # --help opens with the script's docstring: its commands
         text = p.format_help()
         for action in p._actions:
-            assert action.help or not action.option_strings, (name, action.option_strings)
+            assert action.help, (name, action.option_strings or action.dest)  # the folders of report.py too
             if not action.option_strings or action.default is None or action.default is False or action.nargs == 0:
                 continue
             flag = action.option_strings[-1]
@@ -503,6 +503,16 @@ def test_help_shows_every_default(capsys):
             entry = re.split(r"\n  --", after, maxsplit=1)[0]
             assert "default" in entry, (name, flag, entry)
     capsys.readouterr()
+
+
+def test_a_flag_shows_its_value_under_the_name_its_help_uses():
+    """--help names a flag's value as its help text does: `--claims OUT` prints the rows from what reproduce.sh wrote
+    under OUT (README: `python report.py --claims OUT`), not `--claims CLAIMS`."""
+    for module, flag, value in [(report, "--claims", "OUT"), (report, "--vary", "FLAG [FLAG ...]"),
+                                (grokking, "--stop-after-grok", "EPOCHS")]:
+        p = parser_of(module)
+        action = next(a for a in p._actions if flag in a.option_strings)
+        assert f"{flag} {value}" in p.format_help() and value.split()[0] in action.help, (flag, action.help)
 
 
 def test_one_vocabulary_across_scripts(capsys):

@@ -112,9 +112,9 @@ def test_bad_sizes_are_rejected():
 
 
 @pytest.mark.slow
-def test_end_to_end(tmp_path):
+def test_end_to_end(tmp_path, capsys):
     """A 4-step run of both presets writes metrics.json with the documented keys, evaluations every --eval-every
-    steps and at the end, and the figure."""
+    steps and at the end, and the figure; report.py redraws it and says where."""
     args = synthetic.parse_args(["--steps", "4", "--eval-every", "3", "--seeds", "0", "1", "--n-train", "200",
                                  "--n-test", "100", "--n-sens", "50", "--out-dir", str(tmp_path)])
     data = synthetic.main(args)
@@ -132,8 +132,10 @@ def test_end_to_end(tmp_path):
     assert seconds["training"] > 0 and seconds["evaluations"] > 0  # every step timed (report.py --times reads it)
     assert os.path.getsize(folder / "synthetic.png") > 10_000
     os.remove(folder / "synthetic.png")
+    capsys.readouterr()
     report.main(report.parse_args([str(folder)]))  # redrawn from metrics.json alone
     assert os.path.getsize(folder / "synthetic.png") > 10_000
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {folder / 'synthetic.png'}"
 
 
 def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys):

@@ -660,6 +660,7 @@ def test_a_stopped_or_one_model_folder_prints_what_finished(tmp_path, capsys):
         "mlp (1 seed) | train acc 0.990 | test acc 0.800 | epoch 3 | patch:1 0.2500 +- 0.0100",
         "mlp - vit | patch:1 +0.2500 +- 0.2500 (1 seed, s.e. over inputs)"]
     assert out[3] == f"note: cnn/seed1 has no final numbers yet (still running, or stopped: --resume {tmp_path})"
+    assert out[4:] == [f"{tmp_path}: nothing to draw yet"]  # no figure from these made-up numbers, and it says so
     report.summary({"script": "vision", "runs": {"mlp/seed1": run("mlp", True)}, "paired": {}})
     assert capsys.readouterr().out.splitlines() == [
         "mlp (1 seed) | train acc 0.990 | test acc 0.800 | epoch 3 | patch:1 0.2500 +- 0.0100"]

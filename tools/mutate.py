@@ -68,7 +68,7 @@ TARGETS = {
                    "draw_synthetic", "draw_vision", "draw_robustness", "draw_grokking", "draw_parity"],
                   ["tests/test_figures.py", "tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py",
                    "tests/test_grokking.py", "tests/test_robustness.py", "tests/test_parity.py",
-                   "tests/test_synthetic.py", "tests/test_imagenet.py"]),
+                   "tests/test_synthetic.py", "tests/test_imagenet.py", "tests/test_cli.py"]),  # test_cli: parse_args
     "vision.py": (["normalize", "augment_batch", "evaluate", "measure_sensitivity", "scattered_copies",
                    "scattered_sensitivity", "lr_at", "learning_rate", "train", "make_optimizer",
                    "prepare_data", "check_flags", "load_dataset", "add_flags", "parse_args",
