@@ -622,15 +622,17 @@ def test_the_fake_task_is_learnable_pairs_made_offline():
 def test_sens_during_needed_measures_every_sigma_at_the_two_ends_only(tmp_path):
     """--sens-during needed: every --sigma at initialisation and at the end, the headline sigma alone between (on
     the training pairs and, with --sens-test, the test pairs); the training, the headline curve and every final and
-    initial number (the paired differences' inputs, the profiles) equal those of a run measuring every sigma at every
-    evaluation."""
+    initial number (the paired differences' inputs, the profiles) equal those of the default run, which measures every
+    sigma at every evaluation."""
     argv = ["--task", "fake", "--model", "roberta", "--dim", "16", "--heads", "2", "--depth", "1", "--eval-every",
             "4", "--epochs", "1", "--lr", "1e-3", "--n-sens", "30", "--sens-positions", "3", "--sigma", "3", "30",
             "--align", "right", "left", "--sens-test", "--out-dir", str(tmp_path)]
-    runs = {mode: language.main(language.parse_args(argv + ["--sens-during", mode, "--run-name", mode]))["runs"]
-            ["roberta-softmax/seed0"] for mode in ["every", "needed"]}
+    flags = {"every": [], "needed": ["--sens-during", "needed"]}  # every: the default
+    runs = {mode: language.main(language.parse_args(argv + flags[mode] + ["--run-name", mode]))["runs"]
+            ["roberta-softmax/seed0"] for mode in flags}
     every, needed = runs["every"]["history"], runs["needed"]["history"]
     assert [h["step"] for h in needed] == [0, 4, 8, 12, 13]
+    assert all("sens@30" in h and "sens_test@30" in h for h in every)  # the default: every sigma, every evaluation
     for a, b in zip(every, needed):
         mid = b["step"] not in (0, 13)
         assert ("sens@30" in b) == ("sens_test@30" in b) == (not mid) and "sens@3" in b and "sens_test@3" in b
