@@ -493,6 +493,21 @@ def test_all_sum_adds_the_ranks_numbers_in_float64(monkeypatch):
     assert runs.all_sum(0.1, 7) == (0.1, 7)  # one process: the numbers themselves
 
 
+def test_under_torchrun_batchnorm_is_synchronised_on_gpus_only(monkeypatch):
+    """for_training under torchrun (two ranks and DDP stood in for): on a GPU each BatchNorm becomes a SyncBatchNorm
+    and DDP is given the GPU; on a CPU, where SyncBatchNorm cannot run, the BatchNorm stays and DDP gets no device.
+    One process: the model itself."""
+    monkeypatch.setattr(runs, "ranks", lambda: (0, 2))
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", lambda m, device_ids: (m, device_ids))
+    for device, norm, ids in [("cpu", torch.nn.BatchNorm2d, None), ("cuda:0", torch.nn.SyncBatchNorm, ["cuda:0"])]:
+        model, got_ids = runs.for_training(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2)),
+                                           torch.device(device))
+        assert type(model[1]) is norm and got_ids == (ids and [torch.device(i) for i in ids]), device
+    monkeypatch.setattr(runs, "ranks", lambda: (0, 1))
+    model = torch.nn.Linear(2, 2)
+    assert runs.for_training(model, torch.device("cpu")) is model
+
+
 def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo(monkeypatch):
     """setup() under torchrun (WORLD_SIZE > 1), with the process group and the CUDA calls stood in for: --device cuda,
     or auto where CUDA is present, joins nccl on GPU LOCAL_RANK and runs there; --device cpu, or auto without CUDA,
