@@ -213,7 +213,8 @@ def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
 
 def test_a_snapshot_puts_back_the_cuda_generators_on_a_gpu(monkeypatch):
     """On a GPU, restore() puts back the CUDA generators' states too, each as a CPU tensor (the form torch takes);
-    the GPU is faked here, so that the suite checks it without one."""
+    the GPU is faked here, so that the suite checks it without one. A checkpoint made on a machine without CUDA and
+    resumed on one with it, or the other way round, puts back none."""
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     snap = snapshot(1, model, opt)
@@ -224,6 +225,10 @@ def test_a_snapshot_puts_back_the_cuda_generators_on_a_gpu(monkeypatch):
     assert restore(dict(snap, rng=dict(snap["rng"], cuda=states)), model, opt) == 1
     assert len(put) == 1 and len(put[0]) == 2
     assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(put[0], states))
+    put.clear()
+    assert restore(dict(snap, rng=dict(snap["rng"], cuda=None)), model, opt) == 1 and put == []  # made without CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert restore(dict(snap, rng=dict(snap["rng"], cuda=states)), model, opt) == 1 and put == []  # a GPU's, on a CPU
 
 
 def test_divergence_rule(tmp_path, capsys):
