@@ -29,8 +29,8 @@ import torch.nn.functional as F
 import report
 from common import gaussian, sensitivity
 from glue import COLUMNS, SPLITS, download, read_tsv
-from runs import (ArgumentParser, Run, add_run_flags, all_sum, cli, fraction, nonnegative_float, parse, positive_float,
-                  positive_int, ranks, restore, seed, seed_all, setup, start_run, subset_size)
+from runs import (ArgumentParser, Run, add_run_flags, all_sum, cli, for_training, fraction, nonnegative_float, parse,
+                  positive_float, positive_int, ranks, restore, seed, seed_all, setup, start_run, subset_size)
 
 SLACK = 0.65  # by_length: a group's shortest suffix is at least this share of its longest (timed beside other runs,
 #   so roughly: GPT-2 and the LSTM both ran fastest near it; smaller groups cost the LSTM's sequential steps, larger
@@ -535,9 +535,8 @@ def train_one(name, attn, seed, args, data, vocab, results):
     if snap := results.resume(run, "step"):
         start = restore(snap, model, opt, [gen])
         seen, perm, per_image_init = snap["seen"], snap["perm"], snap["per_image_init"]
-    rank, world = ranks()  # under torchrun training goes through DDP; evaluation is sharded by hand
-    fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
-        if world > 1 else model
+    rank, world = ranks()
+    fwd = for_training(model, device)  # under torchrun training goes through DDP; evaluation is sharded by hand
     progress = results.progress(run, start, num_steps, args.eval_every, per_epoch=steps_per_epoch, hint=CPU_SIZE)
     t0, loss = time.time(), None  # progress: a line every --progress-every seconds, with the time to the end
     for step in range(start, num_steps + 1):
