@@ -170,16 +170,17 @@ def test_resumed_without_its_checkpoint_keeps_finished_models_and_restarts_the_r
     assert without_time(resumed["runs"]) == without_time(whole["runs"])
 
 
-def one_and_two_processes(argv, tmp_path, run):
+def one_and_two_processes(argv, tmp_path, run, returncodes=(0, 0)):
     """The record of `run` after `python *argv` and after torchrun --nproc_per_node=2 of the same (rank 0 alone
-    writes one run folder)."""
+    writes one run folder), ending with `returncodes` (torchrun's 1 where a rank failed)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name, launch in [("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
-                                                             "--standalone", "--nproc_per_node=2"])]:
+    for name, launch, returncode in [("one", [sys.executable], returncodes[0]),
+                                     ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                              "--nproc_per_node=2"], returncodes[1])]:
         done = subprocess.run(launch + argv + ["--out-dir", str(tmp_path / name), "--run-name", "r"], cwd=root,
                               env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == returncode, done.stderr[-2000:]
     script = argv[0].removesuffix(".py")
     assert os.listdir(tmp_path / "two" / script) == ["r"]  # one folder, written by rank 0 alone
     return [json.loads((tmp_path / n / script / "r" / "metrics.json").read_text())["runs"][run] for n in ["one", "two"]]
@@ -203,6 +204,18 @@ def test_torchrun_two_processes_match_one(tmp_path):
     # at initialisation the two models are the same weights: the sharded estimator gives exactly one process's counts
     assert one["history"][0]["sens"] == two["history"][0]["sens"] > 0
     assert one["history"][0]["sens_stderr"] == two["history"][0]["sens_stderr"]
+
+
+@pytest.mark.slow
+def test_a_run_diverges_under_torchrun_as_in_one_process(tmp_path):
+    """The divergence check under torchrun reads the batch mean of the loss (the ranks' weighted losses summed and
+    divided by the number of ranks): a run at --lr 20 diverges at the same epoch, with the same loss, on one process
+    and on two (within 10%: the two sums round apart over an epoch of growing weights)."""
+    argv = ["vision.py", "--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "32", "--epochs", "2", "--n-train",
+            "90", "--n-test", "30", "--n-sens", "20", "--batch-size", "15", "--lr", "20", "--device", "cpu"]
+    one, two = one_and_two_processes(argv, tmp_path, "mlp/seed0", returncodes=(3, 1))  # diverged
+    assert one["diverged"]["step"] == two["diverged"]["step"] == 1
+    assert one["diverged"]["loss"] > 1e3 and abs(two["diverged"]["loss"] / one["diverged"]["loss"] - 1) < 0.1
 
 
 @pytest.mark.slow
