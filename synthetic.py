@@ -153,7 +153,7 @@ def make_data(vocab, n, n_sparse, n_frequent, alpha, size, generator, ood=False)
     n_rest = n - n_sparse - n_frequent  # the rest of the sequence: irrelevant tokens
     slot_r = 2 * vocab.s + 2 * vocab.f + torch.randint(vocab.r, (size, n_rest), generator=g)
     ids = torch.cat([slot_sparse, slot_fy, slot_fny, slot_r], dim=1)  # (size, n) in slot order
-    order = torch.argsort(torch.rand(size, n, generator=g), dim=1)  # shuffle the slots within each sequence
+    order = torch.argsort(torch.rand(ids.shape, generator=g), dim=1)  # shuffle the slots within each sequence
     return ids.gather(1, order), y
 
 

@@ -3,6 +3,7 @@ error, and short end-to-end runs on fake data."""
 
 import json
 import math
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -201,11 +202,14 @@ def test_learning_rates_per_model():
 @pytest.mark.slow
 def test_end_to_end_on_fake_data(tmp_path, capsys):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures,
-    and the summary printed at the end."""
+    and the summary printed at the end. Each evaluation records the seconds since its run started: growing, and
+    within the test's own wall time."""
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
+    t0 = time.time()
     returned = vision.main(vision.parse_args(argv))
+    wall = time.time() - t0
     out = capsys.readouterr().out
     assert "\nvit (2 seeds) | train acc " in out and "\nmlp - vit | patch:0.1 " in out, out
     folder = tmp_path / "vision" / "t"
@@ -219,6 +223,8 @@ def test_end_to_end_on_fake_data(tmp_path, capsys):
     assert final["sens"] == final["sens_at"]["patch:0.1"]["sens"]
     assert torch.tensor(final["sens_map"]).shape == (7, 7)
     assert [h["epoch"] for h in data["runs"]["mlp/seed1"]["history"]] == [0, 1]
+    for run in data["runs"].values():
+        assert 0 <= run["history"][0]["time"] <= run["history"][1]["time"] <= wall
     for png in ["sensitivity.png", "sigma_sweep.png", "sensitivity_maps.png"]:
         assert (folder / png).stat().st_size > 5000
     assert (folder / "vit-seed0.pt").exists()
