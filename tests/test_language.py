@@ -384,7 +384,8 @@ class Says(nn.Module):
 def test_length_buckets_give_exactly_the_padded_answers():
     """RoBERTa's perturbed copies run in groups of similar length, each cut to its longest, and evaluate() batches
     the pairs sorted by length: every pair's flip rate, the loss, the accuracy and the majority share equal those of
-    the whole padded batch, on pairs of lengths 5 to 40 (and the model does flip, so the check is not vacuous)."""
+    the whole padded batch, on pairs of lengths 5 to 40 (and the model does flip, so the check is not vacuous); the
+    groups do run shorter, and `buckets=False` runs the padded batch."""
     args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2", "--max-len", "40"])
     torch.manual_seed(1)
     model = language.build_model("roberta", "softmax", 60, args).eval()
@@ -392,10 +393,20 @@ def test_length_buckets_give_exactly_the_padded_answers():
         model.head.weight.mul_(30)
     tokens = torch.randint(4, 60, (30, 40), generator=torch.Generator().manual_seed(0))
     tokens[torch.arange(40) >= torch.randint(5, 41, (30, 1), generator=torch.Generator().manual_seed(2))] = language.PAD
+    widths, forward_normed = [], model.forward_normed
+
+    def seen(e, mask, *rest):  # the width of every batch the model runs
+        widths.append(e.shape[1])
+        return forward_normed(e, mask, *rest)
+    model.forward_normed = seen
     for align, positions in [("right", None), ("left", 3)]:
         kw = dict(sigma=2.0, reps=2, positions=positions, align=align, seed=0)
         grouped, _ = language.measure_sensitivity(model, tokens, **kw)
+        assert min(widths) < 20  # the groups are cut to their longest: short pairs run short
+        widths.clear()
         padded, _ = language.measure_sensitivity(model, tokens, **kw, buckets=False)
+        assert set(widths) == {int((tokens != language.PAD).sum(1).max())}  # one batch per chunk, cut to the longest
+        widths.clear()
         assert torch.equal(grouped.per_input, padded.per_input) and grouped.mean > 0.005
     labels = torch.randint(2, (30,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

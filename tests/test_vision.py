@@ -1103,6 +1103,18 @@ def test_the_vits_compute_their_formulas_from_their_parts():
     assert all(not isinstance(m, nn.Dropout) or m.p == args.dropout > 0 for m in vit.modules())
 
 
+def test_the_vit_computes_the_class_token_alone_except_training_on_a_gpu():
+    """On a GPU the ViT computes the class token alone when evaluating, and every token when training (its fused
+    dropout draws would change otherwise); a device without data stands in for the GPU."""
+    args = vision.parse_args(["--dataset", "fake28"] + SMALL)
+    vit, rows = vision.build_model("vit", args, 1, 28, 10).to("meta"), []
+    transformer = vit.transformer.forward
+    vit.transformer.forward = lambda x, r=None: rows.append(r) or transformer(x, r)
+    for training in [False, True]:
+        assert vit.train(training)(torch.randn(3, 1, 28, 28, device="meta")).shape == (3, 10)
+    assert rows == [1, None]
+
+
 def test_the_vits_have_the_parameters_of_their_papers():
     """Parameter counts by hand: the qkv projection has no bias (as vit-pytorch and the authors' code), LSA adds one
     temperature per block, SPT's LayerNorm and projection read 5 * C * p^2 values per patch, ViT-simple's sin-cos
