@@ -174,6 +174,20 @@ def test_fixed_seed_is_reproducible():
         assert not torch.equal(runs[0].per_input, runs[2].per_input)
 
 
+def test_no_seed_draws_one_from_the_global_generator():
+    """seed=None: the noise follows torch's global generator (the same under the same torch.manual_seed) and is new
+    at every call: 60 global seeds, 60 different noises (a seed drawn from a small range would repeat)."""
+    x = torch.randn(64, 1, 1, generator=torch.Generator().manual_seed(0))
+    f = lambda xb, idx: torch.cat([xb[:, 0], -xb[:, 0]], 1)  # the sign of x: flips where the noise crosses 0
+
+    def drawn(k):
+        torch.manual_seed(k)
+        return tuple(sensitivity(f, x, gaussian(1.0)).per_input.tolist())
+    with torch.random.fork_rng():
+        assert drawn(3) == drawn(3)
+        assert len({drawn(k) for k in range(60)}) == 60
+
+
 def test_predict_reads_every_form_of_output():
     """argmax of (B, C >= 2) logits (not argmin: with 3 classes they differ), score > 0 for (B, 1) and float (B,)
     (0 is class 0), integer and bool labels as they are."""
