@@ -71,6 +71,23 @@ def test_every_corruption_draws_from_the_generator_it_is_given_alone(frost_dir):
         assert torch.equal(made[0], made[2]) != (name in RANDOM), name
 
 
+# the generator's next draw, torch.randint(2**31), after each corruption of smooth_images(4, 3, 32) at severity 3
+NEXT_DRAW = {"gaussian_noise": 1938815860, "shot_noise": 276059375, "impulse_noise": 1938815860,
+             "speckle_noise": 1938815860, "motion_blur": 1537364731, "fog": 1001891238, "elastic_transform": 488196417,
+             "glass_blur": 962486177, "snow": 1296502649, "spatter": 1030910971, "frost": 1277901399}
+
+
+def test_each_corruption_leaves_its_generator_as_it_did(frost_dir):
+    """robustness.py corrupts a test set in chunks of 2,000 images from one generator, so a draw a corruption makes
+    and never reads still moves every later chunk: the generator's next draw after each corruption is pinned, frost's
+    too (its draws do not read the textures' pixels). A change must be on purpose, as for the fixture below."""
+    x = smooth_images(4, 3, 32)
+    for name in RANDOM:
+        g = torch.Generator().manual_seed(0)
+        C.corrupt(x, name, 3, g, frost_dir)
+        assert torch.randint(2**31, (1,), generator=g).item() == NEXT_DRAW[name], name
+
+
 OURS = os.path.join(os.path.dirname(__file__), "fixtures", "ours_at_seed0.npz")
 
 

@@ -143,6 +143,7 @@ def test_bad_arguments():
         with pytest.raises(SystemExit):
             grokking.parse_args(argv)
     assert grokking.parse_args(["--p", "3", "--frac-train", "0.12"]).p == 3  # one training pair of the nine
+    assert grokking.parse_args(["--p", "2", "--frac-train", "0.5"]).p == 2  # the smallest p: two pairs of four
 
 
 class Both(torch.nn.Module):
