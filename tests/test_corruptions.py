@@ -136,6 +136,33 @@ def test_severity_of_the_three_non_monotone_corruptions():
     assert local == sorted(local) and local[-1] > local[0]
 
 
+def test_elastic_displacement_is_scipys_smoothing_of_its_noise():
+    """Without the affine jitter, elastic reads each pixel at its place plus a displacement field: the uniform noise
+    it draws, smoothed as SciPy's gaussian_filter at truncate 3 (the release's) with the reflected border, times
+    c[0]. On an image whose two channels are the x and y coordinates, the output is the read position itself, so the
+    field is measured to float precision (truncating at 4 sigma moves it by about 1e-3 pixel)."""
+    B, H = 2, 32
+    ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float32), torch.arange(H, dtype=torch.float32), indexing="ij")
+    ramp = torch.stack([xs, ys]).expand(B, 2, H, H).contiguous()
+    for d, sm, _ in C.SEVERITY["elastic_transform"][1:3]:
+        g = torch.Generator().manual_seed(0)
+        field = C.elastic_transform(ramp, (d, sm, 0.0), g) - ramp
+        g = torch.Generator().manual_seed(0)
+        torch.rand(B, 3, 2, generator=g)  # the affine warp's draw
+        noise = (torch.rand(B, 2, H, H, generator=g, dtype=torch.float64) * 2 - 1).numpy()
+        sigma = sm * H
+        r = int(3 * sigma + 0.5)
+        k = np.exp(-np.arange(-r, r + 1) ** 2 / (2 * sigma**2))
+        k /= k.sum()
+        p = np.pad(noise, ((0, 0), (0, 0), (r, r), (r, r)), mode="symmetric")
+        p = sum(k[i] * p[:, :, i:i + H, :] for i in range(2 * r + 1))  # down the columns
+        expected = sum(k[i] * p[:, :, :, i:i + H] for i in range(2 * r + 1)) * d * H  # along the rows
+        read = ramp.numpy() + expected
+        inside = ((read >= 0) & (read <= H - 1)).all(1, keepdims=True).repeat(2, 1)  # no reflection at the border
+        assert inside.mean() > 0.5
+        assert np.abs(field.numpy() - expected)[inside].max() < 1e-4
+
+
 @pytest.mark.parametrize("name,identity", [("gaussian_noise", 0.0), ("speckle_noise", 0.0), ("impulse_noise", 0.0),
                                            ("contrast", 1.0), ("brightness", 0.0), ("saturate", (1.0, 0.0)),
                                            ("pixelate", 1.0), ("zoom_blur", 1.0), ("fog", (0.0, 2.0)),
