@@ -804,8 +804,9 @@ def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
     assert again.resume("m/seed0", "step")["step"] == 5
     assert again.data["env"] == res.data["env"] and again.data["resumed"] == [runs.environment("cpu")]
     spent = again.progress("m/seed0", 5, 10, 5).seconds()
-    assert spent["training"] == 5.0 and spent["evaluations"] == 7.0
-    assert again.progress("m/seed1", 0, 10, 5).seconds()["training"] == 0.0  # another run starts from nothing
+    assert spent == {"training": 5.0, "evaluations": 7.0, "final": 0.0}  # no tick yet: no final measurements
+    fresh = again.progress("m/seed1", 0, 10, 5).seconds()  # another run starts from nothing
+    assert fresh == {"training": 0.0, "evaluations": 0.0, "final": 0.0}
 
 
 def test_matched_accuracy_table_over_seeds(capsys):
