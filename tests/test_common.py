@@ -249,6 +249,13 @@ def test_bad_arguments_raise_value_error(call):
         call()
 
 
+@pytest.mark.parametrize("shape", [(0, 3, 2), (4, 0, 2)])
+def test_empty_inputs_are_named_before_any_work(shape):
+    """No inputs or no positions: our message, not torch's about an empty list deep inside."""
+    with pytest.raises(ValueError, match=r"x must be a non-empty \(N, T, D\) tensor, got shape"):
+        sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(shape), gaussian(1))
+
+
 @pytest.mark.parametrize("form", ["logits (B, 2)", "score (B, 1)", "score (B,)", "labels (B,) long",
                                   "labels (B,) bool"])
 def test_binary_outputs_are_read_by_shape_and_dtype(form):
