@@ -141,7 +141,7 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     data = {"script": "vision", "args": {"mask": ["patch"], "sigma": [0.1, 1.0]}, "runs": {
         "vit/seed0": run("vit", 0, [0.1, None, 0.3], {"patch:0.1": 0.1, "patch:1": 0.3, "scattered:1": 0.2},
                          [[0.1, 0.2], [0.3, 0.4]]),
-        "vit/seed1": run("vit", 1, [0.2, 0.4, 0.6], {"patch:0.1": 0.3, "patch:1": 0.7, "scattered:1": 0.4}),
+        "vit/seed1": run("vit", 1, [0.2, 0.4, 0.6], {"patch:0.1": 0.2, "patch:1": 0.7, "scattered:1": 0.4}),
         "mlp/seed0": run("mlp", 0, [0.5, 0.6, 0.7], {"patch:0.1": 0.6, "patch:1": 0.8})}}
     paths = report.draw(data, str(tmp_path))
     assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
@@ -158,13 +158,13 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
                                                           "scattered mask (band: range over seeds)"]
     sweep, sweep_scattered = curves(patch), curves(scattered)
     assert sweep.keys() == {"vit (2 seeds)", "mlp (1 seed)"}
-    assert sweep["vit (2 seeds)"][0] == [0.1, 1.0] and np.allclose(sweep["vit (2 seeds)"][1], [0.2, 0.5])
+    assert sweep["vit (2 seeds)"][0] == [0.1, 1.0] and np.allclose(sweep["vit (2 seeds)"][1], [0.15, 0.5])
     assert sweep["mlp (1 seed)"] == ([0.1, 1.0], [0.6, 0.8])
     assert list(sweep_scattered) == ["vit (2 seeds)"] and np.allclose(sweep_scattered["vit (2 seeds)"][1], 0.3)
     assert [legend_texts(patch), legend_texts(scattered)] == [["vit (2 seeds)", "mlp (1 seed)"], ["vit (2 seeds)"]]
-    band, = patch.collections  # the vit's range over its two seeds; the one-seed mlp has none
-    assert {(0.1, 0.1), (0.1, 0.3), (1, 0.3), (1, 0.7)} <= corners(band)
-    assert {y for _, y in corners(band)} <= {0.1, 0.3, 0.7}
+    band, = patch.collections  # the vit's range over its two seeds (not over sigmas); the one-seed mlp has none
+    assert {(0.1, 0.1), (0.1, 0.2), (1, 0.3), (1, 0.7)} <= corners(band)
+    assert {y for _, y in corners(band)} <= {0.1, 0.2, 0.3, 0.7}
     image_ax = drawn[3].axes[0]
     assert image_ax.get_title() == "vit/seed0" and np.allclose(image_ax.images[0].get_array(), [[0.1, 0.2],
                                                                                                 [0.3, 0.4]])

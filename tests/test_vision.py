@@ -716,11 +716,15 @@ def test_scattered_sensitivity_counts_every_image_and_every_draw():
 def test_scattered_sensitivity_gives_the_same_flips_whatever_the_forward_batch():
     """The scattered mask's copies run through the model in batches of `rows` images (100 on a CPU, 2,048 on a GPU):
     the masks and noise are drawn as before, so any rows gives the same per-image flips, which are neither all 0 nor
-    all 1 (the comparison is not vacuous)."""
+    all 1 (the comparison is not vacuous). The masks' own batch, 100 images sharing each mask, is the authors'."""
     images = torch.rand(130, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 0.1
     runs = [vision.scattered_sensitivity(PatchThreshold(5), images, 7, 1.0, 45, seed=1, rows=r) for r in [2048, 100, 7]]
     assert all(torch.equal(runs[0].per_input, r.per_input) for r in runs[1:])
     assert 0 < runs[0].mean < 1
+    # the default batch is 100 images per mask: another batch shares other masks
+    authors, other = (vision.scattered_sensitivity(PatchThreshold(5), images, 7, 1.0, 45, seed=1, batch=b)
+                      for b in (100, 65))
+    assert torch.equal(authors.per_input, runs[0].per_input) and not torch.equal(other.per_input, runs[0].per_input)
 
 
 def test_every_mask_draws_its_noise_from_the_seed():
