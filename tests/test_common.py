@@ -449,7 +449,7 @@ def test_the_train_mode_check_tolerates_one_changed_prediction_in_a_hundred():
             return y
         return f
 
-    for n, allowed in [(100, 1), (1000, 10)]:
+    for n, allowed in [(50, 1), (100, 1), (1000, 10)]:  # 50: 1% rounds to 0, the floor of 1 holds
         x = torch.zeros(n, 2, 1)
         assert sensitivity(flaky(allowed), x, flip(), batch_size=n).mean == 0
         with pytest.raises(ValueError, match="model.eval"):
