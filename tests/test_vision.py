@@ -708,9 +708,12 @@ class AnyChange(nn.Module):
 
 def test_scattered_sensitivity_counts_every_image_and_every_draw():
     """A model that every perturbation flips: rate exactly 1 for each of 250 images (three batches of 100, the last
-    partial) over 45 draws (more than one forward pass of draws each)."""
+    partial) over 45 draws (more than one forward pass of draws each); a batch over 2,048 images still draws one mask
+    at a time."""
     s = vision.scattered_sensitivity(AnyChange(), torch.full((250, 1, 28, 28), 0.01), 7, 0.5, 45, seed=0)
     assert s.evaluations == 250 * 45 and s.mean == 1.0 and s.per_input.eq(1).all()
+    s = vision.scattered_sensitivity(AnyChange(), torch.full((2100, 1, 28, 28), 0.01), 7, 0.5, 2, seed=0, batch=2100)
+    assert s.evaluations == 2100 * 2 and s.mean == 1.0
 
 
 def test_scattered_sensitivity_gives_the_same_flips_whatever_the_forward_batch():
