@@ -585,7 +585,7 @@ def merge(folders, vary=()):
             twins = [e for e, m in zip(loaded, size) if m == n and run in e["runs"]]  # the folders that hold it
             values = [f"{v}={d['args'].get(flag_key(v))}" for v in vary
                       if len({str(e["args"].get(flag_key(v))) for e in twins}) > 1]
-            if len(twins) > 1 and values:  # one model in folders that differ in a varied flag (a size study): named
+            if values:  # one model in folders that differ in a varied flag (a size study; one folder: none): named
                 model, seed = identity(run, r)  # by the values it was run with, vit[depth=8,heads=32,dim-head=64]
                 model += f"[{','.join(values)}]"
                 run, r = f"{model}/seed{seed}", {**r, "model": model, "seed": seed}

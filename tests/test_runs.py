@@ -681,6 +681,21 @@ def test_report_merges_one_model_at_two_sizes_named_by_its_flags(tmp_path):
         report.merge([one, two])
 
 
+def test_a_size_study_names_its_models_by_the_varied_flags_that_differ(tmp_path):
+    """Of the flags --vary names, a model in several folders is named by those its folders differ in (depth here,
+    not heads, the same in both); a model in one folder keeps its name."""
+    run = {"model": "vit", "seed": 0, "history": [], "final": {}}
+    folders = []
+    for depth, runs_in in [(8, ["vit/seed0", "mlp/seed0"]), (12, ["vit/seed0"])]:
+        (tmp_path / str(depth)).mkdir()
+        args = {"seeds": [0], "depth": depth, "heads": 4}
+        write_json(str(tmp_path / str(depth) / "metrics.json"),
+                   {"script": "vision", "args": args, "runs": {r: {**run, "model": r[:3]} for r in runs_in}})
+        folders.append(str(tmp_path / str(depth)))
+    merged = report.merge(folders, vary=["depth", "heads"])
+    assert set(merged["runs"]) == {"vit[depth=8]/seed0", "vit[depth=12]/seed0", "mlp/seed0"}
+
+
 def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
     """A run in two folders, folders of two scripts, a metrics.json without runs, or one naming no script of this
     repository: each a ValueError naming the problem, nothing drawn."""
