@@ -263,3 +263,30 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     assert list(sens.lines[0].get_ydata()) == [0, 10] and list(sens.lines[2].get_ydata()) == [3, 3]
     assert legend_texts(accuracy) == ["train", "test"]  # which line is which, in each panel's legend
     assert legend_texts(sens) == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
+
+
+def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
+    """draw_grokking: four panels over epochs (accuracy, loss on a log scale, sensitivity, weight norm), one visible
+    line per seed and quantity, a quantity's seeds in one colour and labelled once; each run's memorised (train
+    accuracy 1) and grokked (test accuracy above 0.95) epochs as vertical lines in every panel."""
+    def hist(s, grok):  # memorised at epoch 100, grokked at `grok`, the weight norm 5 + s
+        return [{"epoch": e, "train_acc": float(e >= 100), "test_acc": float(e >= grok), "train_loss": 1 / (e + 1),
+                 "test_loss": 2 / (e + 1), "sens": 0.1 * e, "sens_joint": 0.2 * e, "weight_norm": 5.0 + s}
+                for e in (0, 100, 1000, 2000, 3000)]
+    runs = {}
+    for s, grok in [(0, 1000), (1, 3000)]:
+        runs[f"transformer/seed{s}"] = {"model": "transformer", "seed": s, "history": hist(s, grok), "final": {}}
+    report.draw({"script": "grokking", "runs": runs}, str(tmp_path))
+    axes = drawn[0].axes
+    assert [ax.get_title() for ax in axes] == [f"{t} (2 seeds)" for t in ["accuracy", "loss", "sensitivity (train set)",
+                                                                         "total weight norm"]]
+    assert [ax.get_yscale() for ax in axes] == ["linear", "log", "linear", "linear"]
+    assert [legend_texts(ax) for ax in axes] == [["train", "test"], ["train", "test"],
+                                                 ["token-wise", "joint (a and b)"], ["|w|"]]
+    acc = axes[0].lines
+    assert [list(ln.get_ydata()) for ln in acc[:4]] == [[0, 1, 1, 1, 1]] * 2 + [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]
+    assert acc[0].get_color() == acc[1].get_color() != acc[2].get_color() == acc[3].get_color()
+    assert all(ln.get_linewidth() > 0 for ax in axes for ln in ax.lines)
+    for ax in axes:  # after the curves: seed 0's phases, then seed 1's
+        assert [ln.get_xdata()[0] for ln in ax.lines[-4:]] == [100, 1000, 100, 3000]
+    assert list(axes[3].lines[1].get_ydata()) == [6.0] * 5  # seed 1's weight norm
