@@ -585,8 +585,8 @@ def merge(folders, vary=()):
             twins = [e for e, m in zip(loaded, size) if m == n and run in e["runs"]]  # the folders that hold it
             values = [f"{v}={d['args'].get(flag_key(v))}" for v in vary
                       if len({str(e["args"].get(flag_key(v))) for e in twins}) > 1]
-            if values:  # one model in folders that differ in a varied flag (a size study; one folder: none): named
-                model, seed = identity(run, r)  # by the values it was run with, vit[depth=8,heads=32,dim-head=64]
+            if values:  # the model's folders differ in a varied flag (a size study): it is named by the values
+                model, seed = identity(run, r)  # that differ, vit[depth=8,heads=32,dim-head=64]
                 model += f"[{','.join(values)}]"
                 run, r = f"{model}/seed{seed}", {**r, "model": model, "seed": seed}
             if run in runs:
