@@ -690,7 +690,7 @@ def test_a_size_study_names_its_models_by_the_varied_flags_that_differ(tmp_path)
         (tmp_path / str(depth)).mkdir()
         args = {"seeds": [0], "depth": depth, "heads": 4}
         write_json(str(tmp_path / str(depth) / "metrics.json"),
-                   {"script": "vision", "args": args, "runs": {r: {**run, "model": r[:3]} for r in runs_in}})
+                   {"script": "vision", "args": args, "runs": {r: {**run, "model": r.split("/")[0]} for r in runs_in}})
         folders.append(str(tmp_path / str(depth)))
     merged = report.merge(folders, vary=["depth", "heads"])
     assert set(merged["runs"]) == {"vit[depth=8]/seed0", "vit[depth=12]/seed0", "mlp/seed0"}
