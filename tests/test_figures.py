@@ -23,6 +23,11 @@ def legend_texts(ax):
     return [t.get_text() for t in ax.get_legend().get_texts()]
 
 
+def named(ax):
+    """A panel's title and axis labels: what a reader is told it shows."""
+    return ax.get_title(), ax.get_xlabel(), ax.get_ylabel()
+
+
 def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_band():
     """plot_curves: the mean over seeds at the x every seed measured (a None is not a measurement), +-1 std band in
     the line's colour; one seed, no band; no common x, no line."""
@@ -76,7 +81,8 @@ def test_the_data_scale_figure_gives_each_size_its_paired_difference_and_standar
     plt = report.pyplot()
     assert report.draw_data_scale(scale, str(tmp_path), plt) == f"{tmp_path}/data_scale.png"
     ax, = drawn[0].axes  # patch:1 was measured at one size only
-    assert ax.get_title() == "patch:0.1" and ax.get_xscale() == "log"
+    assert named(ax) == ("patch:0.1", "training images", "paired sensitivity difference (mean +- s.e.)")
+    assert ax.get_xscale() == "log"
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["mlp - vit", "cnn - vit"]
     assert legend_texts(ax) == ["mlp - vit", "cnn - vit"]
@@ -110,10 +116,15 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     paths = report.draw(data, str(tmp_path))
     assert paths == [f"{tmp_path}/sensitivity.png", f"{tmp_path}/sensitivity_by_position.png"]
     sens = drawn[0].axes[0]
-    assert sens.get_xlabel() == "training examples seen" and list(sens.lines[0].get_xdata()) == [0, 10, 20]
+    assert [named(ax) for ax in drawn[0].axes] == [(title, "training examples seen", "") for title in
+                                                   ["sensitivity (train subset)", "train accuracy", "test accuracy"]]
+    assert list(sens.lines[0].get_xdata()) == [0, 10, 20]
     assert [legend_texts(ax) for ax in drawn[0].axes] == [["roberta (2 seeds)", "lstm (1 seed)"]] * 3
     right, left, right_pairs, left_pairs = drawn[1].axes
-    assert [right.get_title(), left.get_title()] == ["right-aligned", "left-aligned"]
+    assert [named(right), named(left)] == [
+        ("right-aligned", "position counted from the last token (0)", "sensitivity at that position"),
+        ("left-aligned", "position from <s> (0)", "sensitivity at that position")]
+    assert [ax.get_ylabel() for ax in (right_pairs, left_pairs)] == ["pairs reaching the position (dotted)"] * 2
     drawn_right, drawn_left = curves(right), curves(left)
     assert drawn_right.keys() == {"roberta (2 seeds)", "lstm (1 seed)"}
     xs, ys = drawn_right["roberta (2 seeds)"]  # positions -3 and -2 reached by 1 and 2 of 8 pairs
@@ -147,15 +158,19 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
                                                      "sigma_sweep.png", "sensitivity_maps.png"]
     assert [legend_texts(ax) for ax in drawn[0].axes] == [["vit (2 seeds)", "mlp (1 seed)"]] * 3
+    assert [named(ax) for ax in drawn[0].axes] == [(title, "epoch", "") for title in
+                                                   ["sensitivity (train subset)", "train accuracy", "test accuracy"]]
     ax, = drawn[1].axes
-    assert ax.get_ylabel() == "sensitivity (patch, sigma 0.1)"
+    assert named(ax) == ("", "train accuracy", "sensitivity (patch, sigma 0.1)")
     assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines] == [
         ([0.2, 0.9], [0.1, 0.3]), ([0.2, 0.5, 0.9], [0.2, 0.4, 0.6]), ([0.2, 0.5, 0.9], [0.5, 0.6, 0.7])]
     assert [ln.get_color() for ln in ax.lines] == ["C0", "C0", "C1"]
     assert legend_texts(ax) == ["vit", "mlp"]
     patch, scattered = drawn[2].axes
-    assert [patch.get_title(), scattered.get_title()] == ["patch mask (band: range over seeds)",
-                                                          "scattered mask (band: range over seeds)"]
+    assert [named(patch), named(scattered)] == [
+        (f"{mask} mask (band: range over seeds)", "sigma (noise std on normalised pixels)", "sensitivity")
+        for mask in ["patch", "scattered"]]
+    assert patch.get_xscale() == scattered.get_xscale() == "log"  # sigmas a decade apart
     sweep, sweep_scattered = curves(patch), curves(scattered)
     assert sweep.keys() == {"vit (2 seeds)", "mlp (1 seed)"}
     assert sweep["vit (2 seeds)"][0] == [0.1, 1.0] and np.allclose(sweep["vit (2 seeds)"][1], [0.15, 0.5])
@@ -165,9 +180,11 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     band, = patch.collections  # the vit's range over its two seeds (not over sigmas); the one-seed mlp has none
     assert {(0.1, 0.1), (0.1, 0.2), (1, 0.3), (1, 0.7)} <= corners(band)
     assert {y for _, y in corners(band)} <= {0.1, 0.2, 0.3, 0.7}
-    image_ax = drawn[3].axes[0]
+    image_ax, colour_bar = drawn[3].axes  # a map has no axes to read, its colour bar the scale
     assert image_ax.get_title() == "vit/seed0" and np.allclose(image_ax.images[0].get_array(), [[0.1, 0.2],
                                                                                                 [0.3, 0.4]])
+    assert list(image_ax.get_xticks()) == list(image_ax.get_yticks()) == []
+    assert colour_bar.get_ylim() == pytest.approx((0.1, 0.4))
 
 
 def test_the_robustness_figures_give_each_model_its_means_over_severities_and_seeds(tmp_path, drawn):
@@ -189,6 +206,7 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert [p.rpartition("/")[2] for p in paths] == ["corruptions.png", "sensitivity_vs_robustness.png",
                                                      "sensitivity.png"]
     ax, = drawn[0].axes
+    assert named(ax) == ("", "", "test accuracy (mean over severities)")  # the corruptions name the ticks
     bars = {c.get_label(): c for c in ax.containers}
     assert list(bars) == ["vit-vanilla (sens 0.3000, 2 seeds)", "vit-reg (sens 0.1000, 1 seed)"] == legend_texts(ax)
     assert np.allclose([b.get_height() for b in bars["vit-vanilla (sens 0.3000, 2 seeds)"]], [0.5, 0.35])
@@ -204,8 +222,10 @@ def test_the_robustness_figures_give_each_model_its_means_over_severities_and_se
     assert np.allclose(half(xerr), [0.1]) and np.allclose(half(yerr), [0.15])  # std (ddof 1) / sqrt(2 seeds)
     assert np.allclose(reg_point.get_xydata(), [[0.1, 0.7]]) and np.allclose(half(reg_xerr), [0])  # one seed
     assert legend_texts(ax) == ["vit-vanilla (2 seeds)", "vit-reg (1 seed)"]
-    assert ax.get_ylabel() == "mean corruption accuracy (15 standard)"  # a run that does not say: all 15
+    assert named(ax) == ("", "sensitivity (train subset)",
+                         "mean corruption accuracy (15 standard)")  # a run that does not say: all 15
     ax, = drawn[2].axes
+    assert named(ax) == ("", "epoch", "sensitivity")
     assert [ln.get_label() for ln in ax.lines] == ["vit-vanilla", "vit-reg"] == legend_texts(ax)
     assert np.allclose(ax.lines[0].get_ydata(), [0, 0.3, 0.6])
 
@@ -256,7 +276,7 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     runs = {"setting1/seed0": {"model": "setting1", "seed": 0, "history": parity_hist, "final": {}}}
     report.draw({"script": "parity", "args": {"k": 3}, "runs": runs}, str(tmp_path))
     accuracy, sens = drawn[1].axes
-    assert accuracy.get_title() == "setting1 (1 seed)"
+    assert named(accuracy) == ("setting1 (1 seed)", "", "accuracy")  # its x label under the panel below
     assert [ln.get_label() for ln in accuracy.lines] == ["train", "test"]
     assert [ln.get_label() for ln in sens.lines] == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
     assert (sens.get_xlabel(), sens.get_ylabel()) == ("Adam step", "Boolean sensitivity")
@@ -280,6 +300,7 @@ def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
     axes = drawn[0].axes
     assert [ax.get_title() for ax in axes] == [f"{t} (2 seeds)" for t in ["accuracy", "loss", "sensitivity (train set)",
                                                                          "total weight norm"]]
+    assert [ax.get_xlabel() for ax in axes] == ["epoch"] * 4
     assert [ax.get_yscale() for ax in axes] == ["linear", "log", "linear", "linear"]
     assert [legend_texts(ax) for ax in axes] == [["train", "test"], ["train", "test"],
                                                  ["token-wise", "joint (a and b)"], ["|w|"]]
