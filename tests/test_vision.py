@@ -352,10 +352,12 @@ class ReadsTheBackground(nn.Module):
 def test_flat_and_object_patches_are_measured_apart():
     """Images whose upper two patches are flat and lower two are not, and a model that flips whenever noise lands
     on the upper half: sensitivity 1 on the flat patches, 0 on the object patches, 0.5 with the patch mask, with
-    `reps` draws per patch; an image with no flat patch, or with no other, is left out of both."""
-    images = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    `reps` draws per patch; an image with no flat patch, or with no other, is left out of both. `flat` bounds the
+    pixels' standard deviation, not their variance."""
+    images = torch.randn(11, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     images[:8, :, :4] = -1.0  # the background of 8 images; the ninth has none
     images[9] = -1.0  # and the tenth is background alone
+    images[10, :, :4] = -1.0 + 0.05 * images[10, :, :4]  # a faint top half: std about 0.05 > 0.01 > its variance
     sens = vision.measure_sensitivity(ReadsTheBackground(), images, patch=4, sigmas=[0.1], masks=["patch", "flat"],
                                       seed=0, flat=0.01)
     assert sens["flat", 0.1].mean == 1 and sens["object", 0.1].mean == 0 and len(sens["flat", 0.1].per_input) == 8
