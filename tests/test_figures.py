@@ -279,7 +279,7 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
     assert named(accuracy) == ("setting1 (1 seed)", "", "accuracy")  # its x label under the panel below
     assert [ln.get_label() for ln in accuracy.lines] == ["train", "test"]
     assert [ln.get_label() for ln in sens.lines] == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
-    assert (sens.get_xlabel(), sens.get_ylabel()) == ("Adam step", "Boolean sensitivity")
+    assert named(sens) == ("", "Adam step", "Boolean sensitivity")
     assert list(sens.lines[0].get_ydata()) == [0, 10] and list(sens.lines[2].get_ydata()) == [3, 3]
     assert legend_texts(accuracy) == ["train", "test"]  # which line is which, in each panel's legend
     assert legend_texts(sens) == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
