@@ -113,7 +113,7 @@ def sensitivity(f, x, perturb, *, mask=None, reps=1, positions=None, batch_size=
     f(x_batch, idx) returns, for a (B, T, D) batch, logits (B, C), a binary score (B, 1) or (B,) float (class =
     score > 0), or labels (B,) int/bool; idx (B,) are the rows of x the copies came from. With tell_position=True f is
     called as f(x_batch, idx, pos), pos (B,) the position each copy perturbs (None for the clean inputs), and each
-    chunk's copies come sorted by position (for models that reuse the clean prefix before it). Put the model in eval
+    chunk's copies come stably sorted by position (for models that reuse the clean prefix). Put the model in eval
     mode first. mask (N, T) bool marks the positions that may be perturbed.
     positions=None perturbs every valid position `reps` times (exact per-position profile); positions=k samples k valid
     positions per input per rep, uniformly with replacement (unbiased, cheaper for long inputs). batch_size: rows per

@@ -313,17 +313,19 @@ def test_ranks_split_the_work_and_sum_to_the_single_process_counts():
 
 def test_tell_position_passes_each_copys_position_sorted():
     """With tell_position=True, f gets pos (None for the clean pass), equal to the one perturbed token, ascending
-    within each chunk."""
+    within each chunk, and the copies of one position in input order (a stable sort: torch's CPU sort is not stable
+    from some 50 keys on, so the chunks of 60 would mix them)."""
     x = torch.zeros(20, 7, 1)
 
     def f(xb, idx, pos):
         if pos is not None:
             assert torch.equal((xb[:, :, 0] != 0).float().argmax(1), pos)
             assert torch.equal(pos, pos.sort().values)
+            assert torch.equal(pos * len(x) + idx, (pos * len(x) + idx).sort().values)
         return (xb[:, :, 0].sum(1) > 0).long()
 
-    for kw in [dict(), dict(positions=3)]:
-        s = sensitivity(f, x, gaussian(1.0), batch_size=9, seed=0, tell_position=True, **kw)
+    for kw in [dict(), dict(positions=3), dict(positions=3, reps=2, batch_size=60)]:
+        s = sensitivity(f, x, gaussian(1.0), **{"batch_size": 9, **kw}, seed=0, tell_position=True)
         assert 0.3 < s.mean < 0.7
 
 
