@@ -62,6 +62,7 @@ def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measure
     assert legend_texts(axes[0]) == ["vit"]
     assert [ax.get_legend() for ax in axes[1:]] == [None, None, None]
     assert [[t.get_text() for t in ax.texts] for ax in axes] == [[], [], ["not measured yet"], []]
+    assert axes[2].texts[0].get_transform() is axes[2].transAxes  # the panel's middle, whatever its axes' limits
     plt.close(fig)
 
 
