@@ -87,6 +87,14 @@ def test_model_chooses_the_models_measured(tmp_path, monkeypatch):
     assert imagenet.parse_args(base + ["--model", "vit_l_16", "convnext_tiny"]).model == ["vit_l_16", "convnext_tiny"]
 
 
+def test_it_draws_no_figure_so_it_has_no_no_figures_flag(tmp_path, capsys):
+    """A flag that exists works: imagenet.py draws no figure, so --no-figures, which every other script has, is
+    refused here instead of accepted and ignored."""
+    with pytest.raises(SystemExit):
+        imagenet.parse_args(["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--no-figures"])
+    assert "unrecognized arguments: --no-figures" in capsys.readouterr().err
+
+
 def test_resume_measures_only_the_models_a_stopped_run_had_not_finished(tmp_path, monkeypatch):
     """--resume FOLDER alone (no --imagenet-dir: the folder's flags) keeps the models measured before the stop and
     measures the others; the pairs are then made as in an uninterrupted run."""
