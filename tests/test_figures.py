@@ -287,9 +287,10 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
 
 
 def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
-    """draw_grokking: four panels over epochs (accuracy, loss on a log scale, sensitivity, weight norm), one visible
-    line per seed and quantity, a quantity's seeds in one colour and labelled once; each run's memorised (train
-    accuracy 1) and grokked (test accuracy above 0.95) epochs as vertical lines in every panel."""
+    """draw_grokking: four panels over epochs, linear to 100 then logarithmic (accuracy, loss on a log scale,
+    sensitivity, weight norm), one visible line per seed and quantity, a quantity's seeds in one colour and labelled
+    once; each run's memorised (train accuracy 1) and grokked (test accuracy above 0.95) epochs as vertical lines in
+    every panel."""
     def hist(s, grok):  # memorised at epoch 100, grokked at `grok`, the weight norm 5 + s
         return [{"epoch": e, "train_acc": float(e >= 100), "test_acc": float(e >= grok), "train_loss": 1 / (e + 1),
                  "test_loss": 2 / (e + 1), "sens": 0.1 * e, "sens_joint": 0.2 * e, "weight_norm": 5.0 + s}
@@ -302,6 +303,7 @@ def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
     assert [ax.get_title() for ax in axes] == [f"{t} (2 seeds)" for t in ["accuracy", "loss", "sensitivity (train set)",
                                                                          "total weight norm"]]
     assert [ax.get_xlabel() for ax in axes] == ["epoch"] * 4
+    assert [(ax.get_xscale(), ax.xaxis.get_transform().linthresh) for ax in axes] == [("symlog", 100)] * 4  # then log
     assert [ax.get_yscale() for ax in axes] == ["linear", "log", "linear", "linear"]
     assert [legend_texts(ax) for ax in axes] == [["train", "test"], ["train", "test"],
                                                  ["token-wise", "joint (a and b)"], ["|w|"]]
