@@ -324,8 +324,8 @@ def test_tell_position_passes_each_copys_position_sorted():
             assert torch.equal(pos * len(x) + idx, (pos * len(x) + idx).sort().values)
         return (xb[:, :, 0].sum(1) > 0).long()
 
-    for kw in [dict(), dict(positions=3), dict(positions=3, reps=2, batch_size=60)]:
-        s = sensitivity(f, x, gaussian(1.0), **{"batch_size": 9, **kw}, seed=0, tell_position=True)
+    for kw in [dict(batch_size=9), dict(batch_size=9, positions=3), dict(batch_size=60, positions=3, reps=2)]:
+        s = sensitivity(f, x, gaussian(1.0), seed=0, tell_position=True, **kw)
         assert 0.3 < s.mean < 0.7
 
 
