@@ -365,8 +365,8 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
         progress.tick(5, False)
         out = capsys.readouterr().out
         assert "estimated time of this run" in out and ("try --small" in out) == hinted, out
-    assert [duration(s) for s in [4.7e-6, 0.02, 5, 90, 119.4, 120, 600, 36000, 1e6]] == [
-        "0 s", "0.02 s", "5 s", "90 s", "119 s", "2.0 min", "10.0 min", "10.0 h", "277.8 h"]
+    assert [duration(s) for s in [4.7e-6, 0.0049, 0.005, 0.02, 5, 90, 119.4, 120, 600, 36000, 1e6]] == [
+        "0 s", "0 s", "0.005 s", "0.02 s", "5 s", "90 s", "119 s", "2.0 min", "10.0 min", "10.0 h", "277.8 h"]
     last = Progress("m/seed0", 0, 101, 50, every=0)  # evaluations at 50, 100 and the last step, 101
     assert [last.evals_left(s) for s in (4, 50, 100)] == [3, 2, 1]
     # a guess (seconds per step, per evaluation) is told at once: 1,000 steps and 21 evaluations (0 to 1,000 by 50)
