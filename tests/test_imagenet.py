@@ -147,15 +147,16 @@ def test_images_are_cropped_to_224_and_normalised_as_imagenet(tmp_path):
 
 
 def test_the_crop_keeps_the_centre_of_a_picture_resized_to_256(tmp_path):
-    """A 256 x 512 picture whose columns grow from left to right (column c has value c // 2): resized so that its
-    short side is 256 it is unchanged, and the 224 x 224 centre crop starts at row 16 and column 144."""
-    columns = np.broadcast_to((np.arange(512) // 2).astype(np.uint8)[None, :, None], (256, 512, 3))
+    """A 256 x 512 picture of random pixels: resized so that its short side is 256 it is unchanged (any other size
+    would resample every pixel), and the 224 x 224 centre crop starts at row 16 and column 144."""
+    pixels = np.random.default_rng(0).integers(0, 256, (256, 512, 3), dtype=np.uint8)
     (tmp_path / "imgs" / "c").mkdir(parents=True)
-    Image.fromarray(np.ascontiguousarray(columns)).save(tmp_path / "imgs" / "c" / "0.png")
+    Image.fromarray(pixels).save(tmp_path / "imgs" / "c" / "0.png")
     images, _, _ = imagenet.load_images(imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens",
                                                              "1"]), "cpu")
-    want = ((144 + torch.arange(224)) // 2 / 255 - 0.485) / 0.229  # the red channel of every row
-    assert torch.allclose(images[0, 0], want.expand(224, 224), atol=1e-5)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    want = (torch.from_numpy(pixels[16:240, 144:368]).permute(2, 0, 1) / 255 - mean[:, None, None]) / std[:, None, None]
+    assert torch.allclose(images[0], want, atol=1e-5)
 
 
 def test_the_subset_follows_data_seed_and_the_random_models_are_fixed(tmp_path):
