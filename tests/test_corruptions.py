@@ -368,6 +368,7 @@ def test_gaussian_kernels_have_scipys_radius():
         y = C.gaussian_filter(delta, 1.0, truncate=truncate)[0, 0]
         assert torch.allclose(y[10 - radius:11 + radius, 10 - radius:11 + radius], torch.outer(k, k))
         assert torch.count_nonzero(y) == (2 * radius + 1) ** 2
+    assert torch.count_nonzero(C.gaussian_blur(delta, 1.0, None)) == 9 ** 2  # by default truncate 4, SciPy's
 
 
 def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
