@@ -183,10 +183,10 @@ def test_spatters_liquid_above_255_wraps_around_as_np_uint8(monkeypatch):
     seen = []
     monkeypatch.setattr(C, "water", lambda liquid: seen.append(liquid) or torch.ones_like(liquid, dtype=torch.float64))
     x = smooth_images(2, 3, 16).float() / 255
+    turquoise = torch.tensor([175.0, 238.0, 238.0])[None, :, None, None] / 255
     for level, stored in [(382.5, 126), (256.5, 0), (255.5, 255), (200.5, 200)]:
         y = C.spatter(x, (level / 255, 0.0, 1.0, 0.5, 0.6, 0), torch.Generator().manual_seed(0))
         assert torch.equal(seen[-1], torch.full_like(seen[-1], stored)), (level, seen[-1].unique())
-        turquoise = torch.tensor([175.0, 238.0, 238.0])[None, :, None, None] / 255
         assert torch.allclose(y - x, (0.6 * turquoise).expand_as(x), atol=1e-6)
 
 

@@ -17,6 +17,8 @@ import imagenet
 import report
 from common import gaussian, patchify, sensitivity, unpatchify
 
+MEAN, STD = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])  # ImageNet's, per channel
+
 
 class Constant(nn.Module):
     """Always class 3: sensitivity 0 at every sigma."""
@@ -141,8 +143,7 @@ def test_images_are_cropped_to_224_and_normalised_as_imagenet(tmp_path):
     args = imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens", "1"])
     images, labels, classes = imagenet.load_images(args, "cpu")
     assert images.shape == (1, 3, 224, 224) and labels.tolist() == [0] and classes == 1
-    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
-    want = (torch.tensor([255, 0, 128]) / 255 - mean) / std
+    want = (torch.tensor([255, 0, 128]) / 255 - MEAN) / STD
     assert torch.allclose(images[0], want[:, None, None].expand(3, 224, 224), atol=1e-6)
 
 
@@ -154,8 +155,7 @@ def test_the_crop_keeps_the_centre_of_a_picture_resized_to_256(tmp_path):
     Image.fromarray(pixels).save(tmp_path / "imgs" / "c" / "0.png")
     images, _, _ = imagenet.load_images(imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens",
                                                              "1"]), "cpu")
-    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
-    want = (torch.from_numpy(pixels[16:240, 144:368]).permute(2, 0, 1) / 255 - mean[:, None, None]) / std[:, None, None]
+    want = (torch.from_numpy(pixels[16:240, 144:368]).permute(2, 0, 1) / 255 - MEAN[:, None, None]) / STD[:, None, None]
     assert torch.allclose(images[0], want, atol=1e-5)
 
 
