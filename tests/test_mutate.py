@@ -56,3 +56,20 @@ def test_rerun_lists_only_the_survivors_of_a_report(tmp_path):
         del m["occurrence"]
     report.write_text(json.dumps({"mutants": mutants}))
     assert listed("--rerun", str(report)) == twice
+
+
+def test_a_condition_is_negated_where_no_other_change_reverses_it():
+    """`if a:` and `b if a else 3` are negated; a comparison (flipped instead) and a `not` (dropped instead) are not,
+    and the undo gives the function back."""
+    source = "def f(a, b):\n    if a:\n        b = 1\n    if a < b:\n        b = 2\n    while not a:\n" \
+             "        a = b if a else 3\n    return b\n"
+    func = ast.parse(source).body[0]
+    negations = [apply for _, what, apply in mutate.mutations(func) if what == "negate the condition"]
+    assert len(negations) == 2
+    changed = []
+    for apply in negations:
+        undo = apply()
+        changed.append(ast.unparse(func))
+        undo()
+        assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
+    assert "if not a:" in changed[0] and "b if not a else 3" in changed[1]

@@ -1,9 +1,9 @@
 """Mutation testing of the metric, loss and option code: does the test suite notice a one-line bug?
 
 Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator,
-a number, a reduction such as mean <-> sum, a keyword argument dropped, a statement removed), in a scratch copy of
-the repository, and runs that file's tests; a mutant is killed when they fail. A developer check, not part of the
-test suite (it takes from minutes to an hour, one pytest run per mutant):
+a number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a statement removed),
+in a scratch copy of the repository, and runs that file's tests; a mutant is killed when they fail. A developer
+check, not part of the test suite (it takes from minutes to an hour, one pytest run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -173,6 +173,12 @@ def mutations(func):
                         n.keywords.pop(i)
                         return lambda: n.keywords.insert(i, k)
                     out.append((node, f"drop {kw.arg}=", drop))
+        elif isinstance(node, (ast.If, ast.While, ast.IfExp)) and not isinstance(node.test, (ast.Compare, ast.UnaryOp)):
+            def negate(n=node):  # `if x:` -> `if not x:` (a comparison is flipped above, a `not` dropped below)
+                saved = n.test
+                n.test = ast.UnaryOp(ast.Not(), saved)
+                return lambda: setattr(n, "test", saved)
+            out.append((node, "negate the condition", negate))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             def unwrap(n=node):
                 saved = n.op
