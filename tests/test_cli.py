@@ -273,7 +273,11 @@ def test_corrupt_dataset_file_is_named_apart_from_a_missing_one(tmp_path, monkey
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
     (raw / "train-images-idx3-ubyte.gz").unlink()
     (raw / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 9, 0, 0, 0, 28, 0, 0, 0, 28, 7]))
-    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte is present but unreadable: not a complete IDX"):
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte is present but unreadable: not a complete IDX "
+                       r"file\. Replace"):  # torchvision's reader says nothing more here
+        vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
+    (raw / "train-images-idx3-ubyte").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"unreadable: not a complete IDX file \(.+\)\. Replace"):  # here it does
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
 
 

@@ -212,15 +212,18 @@ def test_a_snapshot_restores_weights_optimizer_and_every_random_generator():
 
 
 def test_a_snapshot_puts_back_the_cuda_generators_on_a_gpu(monkeypatch):
-    """On a GPU, restore() puts back the CUDA generators' states too, each as a CPU tensor (the form torch takes);
-    the GPU is faked here, so that the suite checks it without one. A checkpoint made on a machine without CUDA and
-    resumed on one with it, or the other way round, puts back none."""
+    """On a GPU, snapshot() saves the CUDA generators' states and restore() puts them back too, each as a CPU tensor
+    (the form torch takes); the GPU is faked here, so that the suite checks it without one. A checkpoint made on a
+    machine without CUDA and resumed on one with it, or the other way round, puts back none."""
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     snap = snapshot(1, model, opt)
+    assert (snap["rng"]["cuda"] is None) == (not torch.cuda.is_available())  # no CUDA: no CUDA states saved
     states = [torch.arange(16, dtype=torch.uint8), torch.ones(16, dtype=torch.uint8)]  # two GPUs' states
     put = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    assert snapshot(1, model, opt)["rng"]["cuda"] is states  # saved on a GPU
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: put.append(list(s)))
     assert restore(dict(snap, rng=dict(snap["rng"], cuda=states)), model, opt) == 1
     assert len(put) == 1 and len(put[0]) == 2
