@@ -506,13 +506,17 @@ def test_a_short_run_learns_a_separable_task(tmp_path):
 
 def test_paired_differences_are_against_the_first_model_asked_for():
     """The reference of the paired differences is the first model of --model present in the runs, whatever order
-    the runs were recorded in: here roberta-softmax, and lstm - roberta-softmax is the per-pair difference."""
+    the runs were recorded in: here roberta-softmax, and lstm - roberta-softmax is the per-pair difference. Without
+    a --model, the first model recorded."""
     def run(per_pair):
         return {"history": [], "final": {"per_image": {"2": per_pair}, "per_image_init": {"2": per_pair}}}
     runs = {"lstm/seed0": run([0.5, 0.25]), "roberta-softmax/seed0": run([0.25, 0.0])}
     p = report.language_paired({"args": {"model": ["roberta", "lstm"], "attn": ["softmax"]}, "runs": runs})
     assert p["final"]["reference"] == p["init"]["reference"] == "roberta-softmax"
     assert p["final"]["models"]["lstm"]["diff"]["2"]["mean"] == pytest.approx(0.25)
+    p = report.language_paired({"runs": runs})  # no --model recorded (a hand-made metrics.json): the first run's
+    assert p["final"]["reference"] == "lstm" and list(p["final"]["models"]) == ["roberta-softmax"]
+    assert report.language_paired({"runs": {}})["final"] == {"reference": None, "models": {}}  # nothing finished yet
 
 
 def test_profile_windows_count_from_the_right_end_and_skip_rare_positions():
