@@ -290,11 +290,17 @@ def test_prefix_cache_gives_exactly_the_uncached_sensitivity(name, attn, fused):
         model.head.weight.mul_(30)
     tokens = torch.randint(4, 60, (30, 40), generator=torch.Generator().manual_seed(0))
     tokens[torch.arange(40) >= torch.randint(5, 41, (30, 1), generator=torch.Generator().manual_seed(2))] = language.PAD
+    resumed = []  # the copies that resume from the cache: all with prefix_cache, none without
+    model.forward_from = lambda e, *a: resumed.append(len(e)) or type(model).forward_from(model, e, *a)
     for align in ["right", "left"]:
         for positions in [None, 3]:
             kw = dict(sigma=2.0, reps=2, positions=positions, align=align, seed=0)
+            resumed.clear()
             cached, _ = language.measure_sensitivity(model, tokens, **kw)
+            assert sum(resumed) == cached.evaluations, (sum(resumed), cached.evaluations)
+            resumed.clear()
             full, _ = language.measure_sensitivity(model, tokens, **kw, prefix_cache=False)
+            assert resumed == []
             assert torch.equal(cached.per_input, full.per_input) and cached.evaluations == full.evaluations
             if positions is not None:  # k sampled positions per pair and draw
                 assert cached.evaluations == len(tokens) * positions * 2
@@ -614,8 +620,12 @@ def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
         rows = []  # the (copies, tokens) that GPT-2's last MLP computes
         if name == "gpt2":
             model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: rows.append(tuple(i[0].shape[:2])))
+        through_torch, run_fused = [], getattr(model, "run_fused", None)  # the LSTM's torch.nn.LSTM path
+        if run_fused is not None:
+            model.run_fused = lambda *a: through_torch.append(a[0].shape) or run_fused(*a)
         assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
         assert rows == ([(len(idx), 1)] if name == "gpt2" else [])
+        assert bool(through_torch) == fused  # --fused resumes through torch.nn.LSTM, the hand-written cells without
         if name == "gpt2":  # its own flag alone (the dropout stays off): every suffix token, as bench.py times it
             model.training = True
             assert torch.allclose(model.forward_from(x, mask[idx], start, cache, idx), full, atol=1e-5)
