@@ -68,8 +68,9 @@ def test_end_to_end_and_from_vision(tmp_path):
     # a vision.py run saved with --save-model, evaluated without training
     trained = vision.main(vision.parse_args(small + ["--model", "mlp", "--run-name", "v", "--save-model"]))
     argv = ["--from-vision", str(tmp_path / "vision" / "v"), "--corruptions", "contrast", "--severities", "2",
-            "--n-corrupt", "10", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path), "--run-name", "e"]
+            "--n-corrupt", "10", "--n-sharp", "10", "--sharp-reps", "1", "--out-dir", str(tmp_path)]
     data = R.main(R.parse_args(argv))
+    assert (tmp_path / "robustness" / "from-vision" / "metrics.json").exists()  # its default name
     assert set(data["runs"]) == {"mlp-vanilla/seed0"} and "shop" in data["runs"]["mlp-vanilla/seed0"]["final"]
     # the saved weights, not a fresh model: the same losses as the vision run's end
     saved, loaded = trained["runs"]["mlp/seed0"]["final"], data["runs"]["mlp-vanilla/seed0"]["final"]
@@ -220,8 +221,8 @@ def test_a_fake_release_and_the_paper_fig9_models_end_to_end(tmp_path, monkeypat
     argv = ["--paper-fig9", "--dataset", "fake", "--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16",
             "--mlp-dim", "16", "--mlp-hidden", "16", "--n-train", "20", "--n-test", "10", "--n-sens", "2",
             "--sens-positions", "2", "--epochs", "1", "--cifar10c-dir", str(release), "--severities", "1", "5",
-            "--n-sharp", "4", "--sharp-reps", "1", "--seeds", "0", "--out-dir", str(tmp_path), "--run-name", "f"]
-    data = R.main(R.parse_args(argv))
+            "--n-sharp", "4", "--sharp-reps", "1", "--seeds", "0", "--out-dir", str(tmp_path)]
+    data = R.main(R.parse_args(argv))  # named fig9 by default
     assert set(data["runs"]) == {f"{m}-{v}/seed0" for m, v in R.FIG9}
     final = data["runs"]["vit-reg/seed0"]["final"]
     assert set(final["corruption_acc"]) == set(C.STANDARD + C.EXTRA) and set(final["corruption_acc"]["snow"]) == {"1",
@@ -229,7 +230,7 @@ def test_a_fake_release_and_the_paper_fig9_models_end_to_end(tmp_path, monkeypat
     assert isinstance(final["mean_corruption_acc"], float) and isinstance(final["mean_extra_acc"], float)
     assert data["summary"]["correlation_sens_vs_corruption_acc"]["points"] == 6
     for png in ["corruptions.png", "sensitivity_vs_robustness.png"]:
-        assert (tmp_path / "robustness" / "f" / png).stat().st_size > 5000
+        assert (tmp_path / "robustness" / "fig9" / png).stat().st_size > 5000
 
 
 def phi(z):
