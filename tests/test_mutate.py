@@ -73,3 +73,23 @@ def test_a_condition_is_negated_where_no_other_change_reverses_it():
         undo()
         assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
     assert "if not a:" in changed[0] and "b if not a else 3" in changed[1]
+
+
+def test_each_bound_of_a_slice_and_each_break_is_dropped_in_turn():
+    """x[1:-1:2] gives three mutants, one bound dropped in each; a `break` and a `continue` are deleted (a pass in
+    their place), and each undo gives the function back."""
+    source = "def f(x):\n    for i in x:\n        if i:\n            continue\n        break\n    return x[1:-1:2]\n"
+    func = ast.parse(source).body[0]
+    found = {what: apply for _, what, apply in mutate.mutations(func)
+             if "bound" in what or what in ("delete `break`", "delete `continue`")}
+    assert set(found) == {"drop a slice's lower bound", "drop a slice's upper bound", "drop a slice's step bound",
+                          "delete `break`", "delete `continue`"}
+    changed = {}
+    for what, apply in found.items():
+        undo = apply()
+        changed[what] = ast.unparse(func)
+        undo()
+        assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
+    assert "x[:-1:2]" in changed["drop a slice's lower bound"] and "x[1::2]" in changed["drop a slice's upper bound"]
+    assert "x[1:-1]" in changed["drop a slice's step bound"]
+    assert "break" not in changed["delete `break`"] and "continue" not in changed["delete `continue`"]

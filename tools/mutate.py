@@ -1,9 +1,10 @@
 """Mutation testing of the metric, loss and option code: does the test suite notice a one-line bug?
 
 Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator,
-a number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a statement removed),
-in a scratch copy of the repository, and runs that file's tests; a mutant is killed when they fail. A developer
-check, not part of the test suite (it takes from minutes to an hour, one pytest run per mutant):
+a number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound
+dropped, a statement or a `break` removed), in a scratch copy of the repository, and runs that file's tests; a mutant
+is killed when they fail. A developer check, not part of the test suite (it takes from minutes to an hour, one pytest
+run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -179,6 +180,14 @@ def mutations(func):
                 n.test = ast.UnaryOp(ast.Not(), saved)
                 return lambda: setattr(n, "test", saved)
             out.append((node, "negate the condition", negate))
+        elif isinstance(node, ast.Slice):  # x[a:b:c] -> x[:b:c], x[a::c], x[a:b]
+            for part in ["lower", "upper", "step"]:
+                if getattr(node, part) is not None:
+                    def unbound(n=node, p=part):
+                        saved = getattr(n, p)
+                        setattr(n, p, None)
+                        return lambda: setattr(n, p, saved)
+                    out.append((node, f"drop a slice's {part} bound", unbound))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             def unwrap(n=node):
                 saved = n.op
@@ -189,8 +198,8 @@ def mutations(func):
             stmts = getattr(node, field, None)
             if isinstance(stmts, list) and node is not func:
                 for i, s in enumerate(stmts):
-                    if isinstance(s, (ast.Expr, ast.AugAssign)) and not isinstance(getattr(s, "value", None),
-                                                                                   ast.Constant):
+                    if isinstance(s, (ast.Expr, ast.AugAssign, ast.Break, ast.Continue)) and \
+                            not isinstance(getattr(s, "value", None), ast.Constant):
                         def delete(st=stmts, i=i, s=s):
                             st[i] = ast.Pass()
                             return lambda: st.__setitem__(i, s)
