@@ -566,7 +566,8 @@ def test_a_data_folder_that_cannot_hold_a_lock_is_read_unlocked(tmp_path):
 
 def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch, capsys):
     """A run folder whose saved arguments lack a flag (it was added to the script later) resumes with that flag's
-    default, and says from which step; any flag other than --threads and --device beside --resume is refused."""
+    default, and says from which step (resumed from the command line itself, sys.argv); any flag other than --threads
+    and --device beside --resume is refused."""
     argv = ["--case", "sparse-lower", "--seeds", "0", "--steps", "6", "--eval-every", "2", "--n-train", "100",
             "--n-test", "20", "--n-sens", "10", "--out-dir", str(tmp_path), "--run-name", "r"]
     stop_at_backward(monkeypatch, 4)
@@ -581,7 +582,8 @@ def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch,
     data["args"]["device"] = "cuda:7"  # the device (and threads) come from this command, never from the folder
     (folder / "metrics.json").write_text(json.dumps(data))
     capsys.readouterr()
-    resumed = synthetic.main(synthetic.parse_args(["--resume", str(folder), "--threads", "1"]))
+    monkeypatch.setattr(sys, "argv", ["synthetic.py", "--resume", str(folder), "--threads", "1"])  # as typed
+    resumed = synthetic.main(synthetic.parse_args())
     assert "noise" not in resumed["args"] and resumed["args"]["device"] == "cpu"
     assert "from sparse-lower/seed0's checkpoint at 2" in capsys.readouterr().out
     assert resumed["args"]["reps"] == 2 and resumed["args"]["steps"] == 6  # the new flag's default, the saved flags
