@@ -235,8 +235,10 @@ def test_parity_summary_per_run_and_per_setting(capsys):
                                                  "final": final}
 
     runs = dict([run(4, 0, 0.93), run(4, 1, 1.0), run(4, 2, 1.0)])  # 0.93: not learned
+    runs["setting4/seed3"] = {"model": "setting4", "seed": 3, "history": [], "final": {}}  # started, not evaluated
     report.summary({"script": "parity", "runs": runs})
     out = capsys.readouterr().out
+    assert "seed3" not in out  # nothing to print of a run without an evaluation
     assert ("setting4/seed0: count 2.000 +- 0.000 (relevant bits 1.000), test acc 0.930; test acc > 0.95 from step "
             "never") in out
     assert ("setting4/seed1: count 3.000 +- 0.000 (relevant bits 1.000), test acc 1.000; test acc > 0.95 from step "

@@ -310,3 +310,19 @@ def test_a_zero_score_predicts_minus_and_the_attention_mass_is_over_keys():
     for name in ["train", "test", "ood"]:
         assert row[f"{name}_acc"] == (sets[name][1] == -1).float().mean().item()
     assert row["att_sparse"] > 0.99 and row["att_frequent"] + row["att_irrelevant"] < 0.01
+
+
+def test_the_summary_has_a_line_per_case_with_finished_seeds(capsys):
+    """report.py's summary of a synthetic run: per case, the mean +- s.e. over its finished seeds; no line for a
+    case none of whose seeds has finished (a run stopped early)."""
+    import report
+
+    keys = ["ood_acc", "test_acc", "align_sparse", "align_frequent", "sens", "sens_sparse_fn", "sens_frequent_fn"]
+    final = dict.fromkeys(keys, 0.5)
+    runs = {"sparse-lower/seed0": {"history": [], "final": final},
+            "sparse-lower/seed1": {"history": [], "final": dict(final, ood_acc=1.0)},
+            "frequent-lower/seed0": {"history": [{"step": 0}], "final": {}}}
+    report.summary({"script": "synthetic", "runs": runs})
+    out = capsys.readouterr().out
+    assert "sparse-lower (2 seeds) | ood_acc 0.750 +- 0.250 | test_acc 0.500 +- 0.000 | align_sparse" in out
+    assert "frequent-lower" not in out
