@@ -802,9 +802,9 @@ def test_the_time_guessed_before_any_step_counts_the_forward_passes(tmp_path, mo
     and time the iterations that evaluate apart from the others (the run's seconds split, which report.py --times
     reads). Over an hour on a CPU they print a command of CPU size; under --until-acc the estimate is an upper
     bound."""
-    made, ticks = [], []
+    made, ticks, timed = [], [], []
     real, tick = Results.progress, runs.Progress.tick
-    monkeypatch.setattr(vision, "time_forward", lambda model, batch: 1e-3)
+    monkeypatch.setattr(vision, "time_forward", lambda model, batch: timed.append(len(batch)) or 1e-3)
     monkeypatch.setattr(Results, "progress", lambda self, *a, **kw: made.append((a, kw)) or real(self, *a, **kw))
     monkeypatch.setattr(runs.Progress, "tick", lambda self, step, evaluating, *a: ticks.append((step, evaluating)) or
                         tick(self, step, evaluating, *a))
@@ -821,8 +821,9 @@ def test_the_time_guessed_before_any_step_counts_the_forward_passes(tmp_path, mo
     assert ticks == [(s, s in (0, 6, 9)) for s in range(10)]
     seconds = data["runs"]["mlp/seed0"]["seconds"]
     assert seconds["training"] > 0 and seconds["evaluations"] > 0
-    vision.main(vision.parse_args(argv + ["--until-acc", "0.99", "--run-name", "early"]))
+    vision.main(vision.parse_args(argv + ["--until-acc", "0.99", "--run-name", "early", "--n-train", "100"]))
     assert made[-1][1]["early"] is True
+    assert timed == [30, 64]  # the pass is timed on 64 images at most, never the whole training set
 
 
 @pytest.mark.slow
