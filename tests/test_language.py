@@ -667,7 +667,7 @@ def test_sens_during_needed_measures_every_sigma_at_the_two_ends_only(tmp_path):
     assert needed[-1]["sens@30"] > needed[0]["sens@3"] > 0  # not vacuous: flips at both sigmas
 
 
-def test_training_and_its_measurements_replay_by_hand(tmp_path):
+def test_training_and_its_measurements_replay_by_hand(tmp_path, monkeypatch):
     """Eight AdamW steps of one run (two epochs of 4 batches of 8 pairs, dropout on), replayed here from the flags:
     a new order of the pairs at each epoch from the generator seeded with --seeds, the trimmed batch, --lr and
     --weight-decay, fresh gradients each step, so the same training loss after every step; the initial model's
@@ -679,9 +679,19 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path):
             "--lr", "3e-3", "--weight-decay", "0.5", "--seeds", "2", "--n-sens", "6", "--sigma", "0.5", "30",
             "--align", "right", "left", "--out-dir", str(tmp_path), "--run-name", "r"]
     args = language.parse_args(argv)
+    stepped = []  # the optimizer steps the run takes: 8, none after its last evaluation
+
+    class Counted(torch.optim.AdamW):
+        def step(self, closure=None):
+            stepped.append(1)
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Counted)
     t0 = time.time()
     run = language.main(args)["runs"]["roberta-softmax/seed2"]
     wall = time.time() - t0
+    monkeypatch.undo()
+    assert len(stepped) == 8
     assert [h["step"] for h in run["history"]] == list(range(9))
     assert [h["examples"] for h in run["history"]] == [0, 8, 16, 24, 30, 38, 46, 54, 60]  # the last batch of 6
     times = [h["time"] for h in run["history"]]

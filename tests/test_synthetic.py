@@ -138,7 +138,7 @@ def test_end_to_end(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {folder / 'synthetic.png'}"
 
 
-def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys):
+def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys, monkeypatch):
     """Two SGD steps of one run, replayed here from the flags: the same minibatches (the order generator seeded
     with --seeds), the mean logistic loss, fresh gradients each step, so the same training loss at steps 1 and 2;
     the model's sensitivity with --reps and the seed 10,000 + seed at every evaluation, the two candidate functions'
@@ -147,9 +147,19 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys):
     argv = ["--case", "frequent-lower", "--steps", "2", "--eval-every", "1", "--seeds", "3", "--reps", "3",
             "--lr", "0.2", "--n-train", "200", "--n-test", "50", "--n-sens", "40", "--out-dir", str(tmp_path)]
     args = synthetic.parse_args(argv)
+    stepped = []  # the optimizer steps the run takes: 2, none after its last evaluation
+
+    class Counted(torch.optim.SGD):
+        def step(self, closure=None):
+            stepped.append(1)
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "SGD", Counted)
     t0 = time.time()
     run = synthetic.main(args)["runs"]["frequent-lower/seed3"]
     wall = time.time() - t0
+    monkeypatch.undo()
+    assert len(stepped) == 2
     times = [h["time"] for h in run["history"]]  # seconds since the run started, at each evaluation
     assert 0 <= times[0] <= times[1] <= times[2] <= wall
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("frequent-lower/seed3 step ")]
