@@ -302,6 +302,10 @@ def test_sharpness_of_a_linear_model_has_its_closed_form():
         values = np.array([d[key] for d in draws])
         assert five[key] == pytest.approx(values.mean(), rel=1e-6)
         assert five[f"{key}_stderr"] == pytest.approx(values.std(ddof=1) / math.sqrt(5), rel=1e-6)
+    # the images in chunks of batch_size (23 in chunks of 5, the last of 3): the numbers of one chunk
+    x = torch.randn(23, D, generator=torch.Generator().manual_seed(4))
+    whole = R.sharpness(model, x, s, 3, torch.Generator().manual_seed(5))
+    assert R.sharpness(model, x, s, 3, torch.Generator().manual_seed(5), batch_size=5) == pytest.approx(whole, rel=1e-5)
 
 
 def test_severity_k_uses_the_kth_constant(monkeypatch):
