@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 import corruptions as C
 from common import patchify
-from conftest import spy
 import robustness as R
 from runs import write_json
 from test_corruptions import write_frost_textures
@@ -46,7 +45,7 @@ def test_sharpness_with_zero_std_is_zero_and_leaves_weights_untouched():
 
 
 @pytest.mark.slow
-def test_end_to_end_and_from_vision(tmp_path):
+def test_end_to_end_and_from_vision(tmp_path, monkeypatch):
     small = ["--depth", "1", "--heads", "2", "--dim-head", "8", "--dim", "16", "--mlp-dim", "32", "--n-train", "60",
              "--n-sens", "5", "--epochs", "1", "--out-dir", str(tmp_path), "--dataset", "fake28"]
     argv = small + ["--model", "vit", "--variants", "vanilla", "augment", "reg", "--corruptions", "gaussian_noise",
@@ -75,6 +74,10 @@ def test_end_to_end_and_from_vision(tmp_path):
     # the saved weights, not a fresh model: the same losses as the vision run's end
     saved, loaded = trained["runs"]["mlp/seed0"]["final"], data["runs"]["mlp-vanilla/seed0"]["final"]
     assert (loaded["train_loss"], loaded["test_loss"]) == (saved["train_loss"], saved["test_loss"])
+    # resumed when finished (reproduce.sh reruns every command): nothing is evaluated again
+    monkeypatch.setattr(R, "evaluate_model", lambda *a: pytest.fail("a finished run evaluated again"))
+    again = R.main(R.parse_args(["--resume", str(tmp_path / "robustness" / "from-vision")]))
+    assert again["runs"]["mlp-vanilla/seed0"]["final"]["shop"] == loaded["shop"]
 
 
 def test_from_vision_takes_the_runs_flags_and_lets_the_command_line_win(tmp_path, monkeypatch):
@@ -426,10 +429,11 @@ def test_corrupt_and_read_release_refuse_severities_that_are_not_1_to_5(tmp_path
 
 
 def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
-    """The final sensitivity is the first --sigma's patch mask with --reps, --sens-positions and --sens-seed; the
-    corruptions get --n-corrupt, --corruptions, --severities, the release or frost folders and the run's seed, and see
-    the model through Normalize(0.5, 0.5) on [0, 1] images; the sharpness is measured on the first --n-sharp training
-    images with --sharp-std and --sharp-reps, drawing from a generator seeded with the run's seed."""
+    """The final sensitivity is the first --sigma's patch mask on the first --n-sens training images with --reps,
+    --sens-positions and --sens-seed; the corruptions get --n-corrupt, --corruptions, --severities, the release or
+    frost folders and the run's seed, and see the model through Normalize(0.5, 0.5) on [0, 1] images; the sharpness
+    is measured on the first --n-sharp training images with --sharp-std and --sharp-reps, drawing from a generator
+    seeded with the run's seed."""
     args = R.parse_args(["--dataset", "fake28", "--model", "mlp", "--mlp-hidden", "16", "--n-train", "40",
                          "--n-test", "20", "--n-sens", "4", "--sigma", "2", "3", "--reps", "2", "--sens-positions", "3",
                          "--sens-seed", "5", "--n-corrupt", "10", "--corruptions", "contrast", "--severities", "2",
@@ -449,11 +453,18 @@ def test_evaluate_model_passes_the_flags_to_each_measurement(monkeypatch):
         seen["gen"], seen["sharp"] = gen.initial_seed(), (x, std, reps)
         return real_sharpness(m, x, std, reps, gen)
 
-    monkeypatch.setattr(vision, "measure_sensitivity", spy(seen, "sens", vision.measure_sensitivity))
+    real_sens = vision.measure_sensitivity
+
+    def measure(m, images, **kw):
+        seen["sens"], seen["sens_images"] = kw, images
+        return real_sens(m, images, **kw)
+
+    monkeypatch.setattr(vision, "measure_sensitivity", measure)
     monkeypatch.setattr(R, "evaluate_corruptions", corrupt)
     monkeypatch.setattr(R, "sharpness", sharpness)
     R.evaluate_model(model, args, data, seed=7)
     assert seen["sens"] == dict(patch=7, sigmas=[2.0], masks=["patch"], seed=5, reps=2, positions=3)
+    assert torch.equal(seen["sens_images"], vision.normalize(data["train_x"][:4]))  # the first --n-sens of 40
     on_01, kw = seen["corrupt"]
     assert kw == dict(corruptions=["contrast"], severities=[2], cifar10c_dir=None, n=10, frost_dir="textures", seed=7)
     x = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)

@@ -256,7 +256,8 @@ def test_sigterm_is_handled_as_ctrl_c(script, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_robustness_resumed_after_an_interrupted_evaluation_is_evaluated(tmp_path, monkeypatch, capsys):
     """Ctrl-C while the trained model's corruptions are being evaluated, then --resume: the run is evaluated (its
-    final numbers hold corruption accuracy, ShOp and ShPred) and its training is not done again."""
+    final numbers hold corruption accuracy, ShOp and ShPred) and its training is not done again; resumed once more,
+    the finished run is left as it is."""
     module, argv, _ = RUNS["robustness"]
     argv = argv + ["--out-dir", str(tmp_path), "--run-name", "e"]
     real = robustness.evaluate_corruptions
@@ -274,3 +275,9 @@ def test_robustness_resumed_after_an_interrupted_evaluation_is_evaluated(tmp_pat
     data = module.main(module.parse_args(["--resume", str(tmp_path / "robustness" / "e")]))
     final = data["runs"]["vit-reg/seed0"]["final"]
     assert {"corruption_acc", "mean_corruption_acc", "shop", "shpred", "clean_acc"} <= set(final) and not steps
+    evaluated = []  # resumed once more, finished: nothing is trained or evaluated again
+    monkeypatch.setattr(robustness, "evaluate_corruptions", lambda *a, **k: evaluated.append(1) or real(*a, **k))
+    again = module.main(module.parse_args(["--resume", str(tmp_path / "robustness" / "e")]))
+    kept = again["runs"]["vit-reg/seed0"]["final"]  # read back from metrics.json (NaN written as null)
+    assert not steps and not evaluated and (kept["corruption_acc"], kept["shop"]) == (final["corruption_acc"],
+                                                                                     final["shop"])
