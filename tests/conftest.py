@@ -1,6 +1,6 @@
 """What several test files share: stopping a run in the middle of its training; the losses its divergence checks
-see; a spy on a function's keyword arguments; a synthetic run's final record; the figures report.py draws. And the
-order the suite runs in."""
+see; its optimizer's steps; a spy on a function's keyword arguments; a synthetic run's final record; the figures
+report.py draws. And the order the suite runs in."""
 
 import os
 import signal
@@ -34,6 +34,14 @@ def divergence_checks(monkeypatch):
     monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: losses.append(loss) or
                         real(self, run, step, loss, *a))
     return losses
+
+
+def optimizer_steps(monkeypatch, optimizer):
+    """The steps every `optimizer` (a torch.optim class) takes from now on, counted in a list that fills as runs
+    go; monkeypatch.undo() stops the count."""
+    steps, real = [], optimizer.step
+    monkeypatch.setattr(optimizer, "step", lambda self, *a, **k: steps.append(1) or real(self, *a, **k))
+    return steps
 
 
 def spy(made, key, make):

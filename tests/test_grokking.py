@@ -12,7 +12,7 @@ import grokking
 import report
 import runs
 from common import gaussian, sensitivity
-from conftest import divergence_checks, spy
+from conftest import divergence_checks, optimizer_steps, spy
 
 
 def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
@@ -92,7 +92,7 @@ def test_grokking_claim_measures_the_fall_from_memorisation(capsys):
     rows = [(0, 0.1, 0.0, 0.15, 50), (100, 0.9, 0.0, 0.6, 50), (200, 1.0, 0.0, 0.5, 50), (300, 1.0, 0.1, 0.3, 46),
             (400, 1.0, 0.6, 0.08, 46), (500, 1.0, 0.97, 0.04, 45)]
     hist = [dict(epoch=e, train_acc=tr, test_acc=te, sens=s, weight_norm=w) for e, tr, te, s, w in rows]
-    report.grokking_claim({"runs": {"p/seed0": {"history": hist}}})
+    report.grokking_claim({"runs": {"p/seed0": {"history": hist}, "p/seed1": {"history": []}}})  # seed1: no line
     assert capsys.readouterr().out == (
         "p/seed0: memorised at epoch 200 (sensitivity 0.500); sensitivity halves by 400, a tenth by 500; weight norm "
         "10% below memorisation's by 500; test acc > 0.5 from 400, > 0.95 (grokked) from 500\n")
@@ -290,8 +290,9 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     argv = ["--p", "7", "--frac-train", "0.5", "--epochs", "3", "--eval-every", "2", "--dim", "16", "--heads", "2",
             "--mlp-dim", "32", "--lr", "0.01", "--seeds", "3", "--sigma", "0.7", "--reps", "2", "--out-dir",
             str(tmp_path)]
+    stepped = optimizer_steps(monkeypatch, torch.optim.AdamW)  # the run's, read before the replay below adds to it
     history = grokking.main(grokking.parse_args(argv))["runs"]["p7/seed3"]["history"]
-    assert [h["epoch"] for h in history] == [0, 2, 3]
+    assert [h["epoch"] for h in history] == [0, 2, 3] and len(stepped) == 3  # none after the last evaluation
     assert checked == [h["train_loss"] for h in history] and early == [False]
     tokens, labels, train = grokking.make_data(7, 0.5, 598)
     runs.seed_all(3)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import language
 import report
 import runs
+from conftest import optimizer_steps
 from runs import seed_all, strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
@@ -679,14 +680,7 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path, monkeypatch):
             "--lr", "3e-3", "--weight-decay", "0.5", "--seeds", "2", "--n-sens", "6", "--sigma", "0.5", "30",
             "--align", "right", "left", "--out-dir", str(tmp_path), "--run-name", "r"]
     args = language.parse_args(argv)
-    stepped = []  # the optimizer steps the run takes: 8, none after its last evaluation
-
-    class Counted(torch.optim.AdamW):
-        def step(self, closure=None):
-            stepped.append(1)
-            return super().step(closure)
-
-    monkeypatch.setattr(torch.optim, "AdamW", Counted)
+    stepped = optimizer_steps(monkeypatch, torch.optim.AdamW)  # 8, none after the last evaluation
     t0 = time.time()
     run = language.main(args)["runs"]["roberta-softmax/seed2"]
     wall = time.time() - t0

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import parity
 import runs
 from common import flip, sensitivity
-from conftest import divergence_checks
+from conftest import divergence_checks, optimizer_steps
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
@@ -341,8 +341,9 @@ def test_training_replays_by_hand(tmp_path, monkeypatch):
     argv = ["--n", "10", "--k", "2", "--steps", "3", "--eval-every", "2", "--n-train", "300", "--n-test", "50",
             "--n-sens", "20", "--dim", "16", "--heads", "2", "--batch-size", "24", "--lr", "3e-3", "--weight-decay",
             "0.2", "--seeds", "5", "--out-dir", str(tmp_path)]
+    stepped = optimizer_steps(monkeypatch, torch.optim.AdamW)  # the run's, read before the replay below adds to it
     history = parity.main(parity.parse_args(argv))["runs"]["setting1/seed5"]["history"]
-    assert [h["step"] for h in history] == [0, 2, 3]
+    assert [h["step"] for h in history] == [0, 2, 3] and len(stepped) == 3  # none after the last evaluation
     assert checked == [h["train_loss"] for h in history]
     relevant, (x, y), test = parity.make_task(10, 2, 300, 50, 1234)
     mask = torch.zeros(10, dtype=torch.bool)

@@ -12,7 +12,7 @@ import torch
 import report
 import synthetic
 from common import replace, sensitivity
-from conftest import synthetic_final
+from conftest import optimizer_steps, synthetic_final
 from runs import seed_all
 
 
@@ -147,14 +147,7 @@ def test_training_and_its_measurements_replay_by_hand(tmp_path, capsys, monkeypa
     argv = ["--case", "frequent-lower", "--steps", "2", "--eval-every", "1", "--seeds", "3", "--reps", "3",
             "--lr", "0.2", "--n-train", "200", "--n-test", "50", "--n-sens", "40", "--out-dir", str(tmp_path)]
     args = synthetic.parse_args(argv)
-    stepped = []  # the optimizer steps the run takes: 2, none after its last evaluation
-
-    class Counted(torch.optim.SGD):
-        def step(self, closure=None):
-            stepped.append(1)
-            return super().step(closure)
-
-    monkeypatch.setattr(torch.optim, "SGD", Counted)
+    stepped = optimizer_steps(monkeypatch, torch.optim.SGD)  # 2, none after the last evaluation
     t0 = time.time()
     run = synthetic.main(args)["runs"]["frequent-lower/seed3"]
     wall = time.time() - t0
