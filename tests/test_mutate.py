@@ -93,3 +93,15 @@ def test_each_bound_of_a_slice_and_each_break_is_dropped_in_turn():
     assert "x[:-1:2]" in changed["drop a slice's lower bound"] and "x[1::2]" in changed["drop a slice's upper bound"]
     assert "x[1:-1]" in changed["drop a slice's step bound"]
     assert "break" not in changed["delete `break`"] and "continue" not in changed["delete `continue`"]
+
+
+def test_a_value_returned_becomes_none_but_a_bare_return_is_left():
+    """`return x + 1` -> `return None`; `return` and `return None` give no mutant (they return None already)."""
+    source = "def f(x):\n    if x:\n        return\n    if x is None:\n        return None\n    return x + 1\n"
+    func = ast.parse(source).body[0]
+    found = [apply for _, what, apply in mutate.mutations(func) if what == "return None"]
+    assert len(found) == 1
+    undo = found[0]()
+    assert ast.unparse(func).endswith("return None") and "x + 1" not in ast.unparse(func)
+    undo()
+    assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])

@@ -1,10 +1,10 @@
 """Mutation testing of the metric, loss and option code: does the test suite notice a one-line bug?
 
-Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator,
-a number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound
-dropped, a statement or a `break` removed), in a scratch copy of the repository, and runs that file's tests; a mutant
-is killed when they fail. A developer check, not part of the test suite (it takes from minutes to an hour, one pytest
-run per mutant):
+Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator, a
+number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound dropped,
+None returned, a statement or a `break` removed), in a scratch copy of the repository, and runs that file's tests; a
+mutant is killed when they fail. A developer check, not part of the test suite (it takes from minutes to an hour,
+one pytest run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -188,6 +188,13 @@ def mutations(func):
                         setattr(n, p, None)
                         return lambda: setattr(n, p, saved)
                     out.append((node, f"drop a slice's {part} bound", unbound))
+        elif isinstance(node, ast.Return) and node.value is not None and \
+                not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            def nothing(n=node):  # `return x` -> `return None`
+                saved = n.value
+                n.value = ast.Constant(None)
+                return lambda: setattr(n, "value", saved)
+            out.append((node, "return None", nothing))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             def unwrap(n=node):
                 saved = n.op
