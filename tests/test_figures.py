@@ -314,3 +314,11 @@ def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
     for ax in axes:  # after the curves: seed 0's phases, then seed 1's
         assert [ln.get_xdata()[0] for ln in ax.lines[-4:]] == [100, 1000, 100, 3000]
     assert list(axes[3].lines[1].get_ydata()) == [6.0] * 5  # seed 1's weight norm
+
+
+def test_a_run_with_nothing_finished_draws_no_figure_and_says_so_with_a_list(tmp_path, drawn):
+    """Every script's figures of a run none of whose models has finished: no figure, and an empty list of paths,
+    which `report.py A B --run-name m` prints after its merge (`print("wrote", ..., *paths)`)."""
+    for script in report.SCRIPTS:
+        assert report.draw({"script": script, "args": {}, "runs": {}}, str(tmp_path)) == [], script
+    assert drawn == []
