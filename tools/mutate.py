@@ -137,15 +137,23 @@ METHODS = {"mean": "sum", "sum": "mean", "max": "min", "min": "max", "argmax": "
            "amin": "amax", "std": "var", "sqrt": "abs", "softmax": "log_softmax", "relu": "abs"}
 
 
+def setting(node, field, new):
+    """An apply() that sets node.field to new() and returns the undo, which puts the old value back."""
+    def apply():
+        saved = getattr(node, field)
+        setattr(node, field, new())
+        return lambda: setattr(node, field, saved)
+    return apply
+
+
 def mutations(func):
     """(node, description, apply) for every one-node change of a function's AST; apply() edits it in place and
     returns an undo."""
     out = []
     for node in ast.walk(func):
         if isinstance(node, ast.BinOp) and type(node.op) in BINOPS:
-            old = node.op
-            out.append((node, f"{type(old).__name__} -> {BINOPS[type(old)].__name__}",
-                        lambda n=node, o=old: (setattr(n, "op", BINOPS[type(o)]()), lambda: setattr(n, "op", o))[1]))
+            new = BINOPS[type(node.op)]
+            out.append((node, f"{type(node.op).__name__} -> {new.__name__}", setting(node, "op", new)))
         elif isinstance(node, ast.Compare):
             for i, op in enumerate(node.ops):
                 if type(op) in COMPARE:
@@ -154,19 +162,15 @@ def mutations(func):
                         return lambda: n.ops.__setitem__(i, o)
                     out.append((node, f"{type(op).__name__} -> {COMPARE[type(op)].__name__}", flip))
         elif isinstance(node, ast.BoolOp):
-            old = node.op
-            new = ast.Or if isinstance(old, ast.And) else ast.And
-            out.append((node, f"{type(old).__name__} -> {new.__name__}",
-                        lambda n=node, o=old, w=new: (setattr(n, "op", w()), lambda: setattr(n, "op", o))[1]))
+            new = ast.Or if isinstance(node.op, ast.And) else ast.And
+            out.append((node, f"{type(node.op).__name__} -> {new.__name__}", setting(node, "op", new)))
         elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
             old = node.value
             new = (old + 1 if old != 1 else 0) if isinstance(old, int) else (old * 2 if old else 1.0)
-            out.append((node, f"{old!r} -> {new!r}",
-                        lambda n=node, o=old, w=new: (setattr(n, "value", w), lambda: setattr(n, "value", o))[1]))
+            out.append((node, f"{old!r} -> {new!r}", setting(node, "value", lambda w=new: w)))
         elif isinstance(node, ast.Attribute) and node.attr in METHODS:
-            old = node.attr
-            out.append((node, f".{old} -> .{METHODS[old]}",
-                        lambda n=node, o=old: (setattr(n, "attr", METHODS[o]), lambda: setattr(n, "attr", o))[1]))
+            new = METHODS[node.attr]
+            out.append((node, f".{node.attr} -> .{new}", setting(node, "attr", lambda w=new: w)))
         elif isinstance(node, ast.Call):
             for i, kw in enumerate(node.keywords):
                 if kw.arg not in (None, "device"):  # device=: equivalent on the CPU where the tests run
@@ -175,32 +179,18 @@ def mutations(func):
                         return lambda: n.keywords.insert(i, k)
                     out.append((node, f"drop {kw.arg}=", drop))
         elif isinstance(node, (ast.If, ast.While, ast.IfExp)) and not isinstance(node.test, (ast.Compare, ast.UnaryOp)):
-            def negate(n=node):  # `if x:` -> `if not x:` (a comparison is flipped above, a `not` dropped below)
-                saved = n.test
-                n.test = ast.UnaryOp(ast.Not(), saved)
-                return lambda: setattr(n, "test", saved)
-            out.append((node, "negate the condition", negate))
+            # `if x:` -> `if not x:` (a comparison is flipped above, a `not` dropped below)
+            out.append((node, "negate the condition",
+                        setting(node, "test", lambda n=node: ast.UnaryOp(ast.Not(), n.test))))
         elif isinstance(node, ast.Slice):  # x[a:b:c] -> x[:b:c], x[a::c], x[a:b]
             for part in ["lower", "upper", "step"]:
                 if getattr(node, part) is not None:
-                    def unbound(n=node, p=part):
-                        saved = getattr(n, p)
-                        setattr(n, p, None)
-                        return lambda: setattr(n, p, saved)
-                    out.append((node, f"drop a slice's {part} bound", unbound))
+                    out.append((node, f"drop a slice's {part} bound", setting(node, part, lambda: None)))
         elif isinstance(node, ast.Return) and node.value is not None and \
                 not (isinstance(node.value, ast.Constant) and node.value.value is None):
-            def nothing(n=node):  # `return x` -> `return None`
-                saved = n.value
-                n.value = ast.Constant(None)
-                return lambda: setattr(n, "value", saved)
-            out.append((node, "return None", nothing))
+            out.append((node, "return None", setting(node, "value", lambda: ast.Constant(None))))  # `return x`
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-            def unwrap(n=node):
-                saved = n.op
-                n.op = ast.UAdd()
-                return lambda: setattr(n, "op", saved)
-            out.append((node, f"drop {type(node.op).__name__}", unwrap))
+            out.append((node, f"drop {type(node.op).__name__}", setting(node, "op", ast.UAdd)))
         for field in ["body", "orelse"]:  # statements that do something without a name depending on them
             stmts = getattr(node, field, None)
             if isinstance(stmts, list) and node is not func:
