@@ -2,9 +2,9 @@
 
 Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator, a
 number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound dropped,
-None returned, a statement or a `break` removed), in a scratch copy of the repository, and runs that file's tests; a
-mutant is killed when they fail. A developer check, not part of the test suite (it takes from minutes to an hour,
-one pytest run per mutant):
+None returned, two arguments swapped, a statement or a `break` removed), in a scratch copy of the repository, and
+runs that file's tests; a mutant is killed when they fail. A developer check, not part of the test suite (it takes
+from minutes to an hour, one pytest run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -136,6 +136,8 @@ COMPARE = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, a
 METHODS = {"mean": "sum", "sum": "mean", "max": "min", "min": "max", "argmax": "argmin", "amax": "amin",
            "amin": "amax", "std": "var", "sqrt": "abs", "softmax": "log_softmax", "relu": "abs"}
 
+SYMMETRIC = {"max", "min", "torch.maximum", "torch.minimum", "math.hypot"}  # no order of their arguments matters
+
 
 def setting(node, field, new):
     """An apply() that sets node.field to new() and returns the undo, which puts the old value back."""
@@ -178,6 +180,14 @@ def mutations(func):
                         n.keywords.pop(i)
                         return lambda: n.keywords.insert(i, k)
                     out.append((node, f"drop {kw.arg}=", drop))
+            args = node.args  # f(a, b) -> f(b, a): two neighbours swapped, where the order can matter
+            for i in range(len(args) - 1):
+                if ast.unparse(node.func) not in SYMMETRIC and ast.dump(args[i]) != ast.dump(args[i + 1]) and \
+                        not any(isinstance(a, ast.Starred) for a in args[i:i + 2]):
+                    def swap(a=args, i=i):
+                        a[i], a[i + 1] = a[i + 1], a[i]
+                        return lambda: a.__setitem__(slice(i, i + 2), [a[i + 1], a[i]])
+                    out.append((node, f"swap arguments {i + 1} and {i + 2}", swap))
         elif isinstance(node, (ast.If, ast.While, ast.IfExp)) and not isinstance(node.test, (ast.Compare, ast.UnaryOp)):
             # `if x:` -> `if not x:` (a comparison is flipped above, a `not` dropped below)
             out.append((node, "negate the condition",
