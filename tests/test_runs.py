@@ -4,6 +4,7 @@ cli(), --resume through the parser, and report.py's redraw and merge of run fold
 import importlib
 import io
 import json
+import math
 import os
 import random
 import re
@@ -370,6 +371,7 @@ def test_progress_estimate_names_a_cpu_sized_command_when_over_an_hour(capsys):
         assert "estimated time of this run" in out and ("try --small" in out) == hinted, out
     assert [duration(s) for s in [4.7e-6, 0.0049, 0.005, 0.02, 5, 90, 119.4, 120, 600, 36000, 1e6]] == [
         "0 s", "0 s", "0.005 s", "0.02 s", "5 s", "90 s", "119 s", "2.0 min", "10.0 min", "10.0 h", "277.8 h"]
+    assert duration(math.inf) == duration(math.nan) == "?"  # not 'inf h' or 'nan h'
     last = Progress("m/seed0", 0, 101, 50, every=0)  # evaluations at 50, 100 and the last step, 101
     assert [last.evals_left(s) for s in (4, 50, 100)] == [3, 2, 1]
     # a guess (seconds per step, per evaluation) is told at once: 1,000 steps and 21 evaluations (0 to 1,000 by 50)
@@ -396,6 +398,8 @@ def test_each_progress_line_says_where_the_run_is_and_what_is_left(capsys):
     to the next evaluation (or to the end, where that comes first) at the median step time."""
     progress = Progress("m/seed0", 0, 100, 30, every=0, per_epoch=10, guess=(0.5, 20.0))
     capsys.readouterr()
+    progress.last = (time.monotonic(), 5, False)  # a training step before any is timed
+    assert progress.line() == "m/seed0 | step 5/100 (epoch 0.5) | timing the first steps"
     progress.last = (time.monotonic() - 300, 30, True)  # 70 steps x 0.5 s + 4 evaluations (30 to 90, 100) x 20 s
     assert progress.line() == "m/seed0 | step 30/100 (epoch 3.0) | evaluating for 5.0 min | about 20 s each, end in " \
                               "about 115 s (guessed from a timed forward pass)"
