@@ -750,7 +750,7 @@ def test_report_refuses_what_it_cannot_merge_or_read(tmp_path):
 def test_a_merge_names_the_runs_that_have_no_final_numbers_yet(tmp_path, capsys):
     """A folder whose run is still training (its final numbers empty) merges, but the merge lists it and says so in
     one line, since its final numbers are missing from the paired differences; a diverged run, which ended, is not
-    listed."""
+    listed, and its folder redrawn exits 3, as the run did."""
     def folder(name, runs):
         (tmp_path / name).mkdir()
         write_json(str(tmp_path / name / "metrics.json"), {"script": "grokking", "args": {}, "runs": runs})
@@ -767,6 +767,9 @@ def test_a_merge_names_the_runs_that_have_no_final_numbers_yet(tmp_path, capsys)
     assert notes == [f"note: grok/seed1 in {going} has no final numbers yet (still running, or stopped: --resume it), "
                      "so the merge's final numbers leave it out"]
     assert "unfinished" not in report.merge([done, dead])
+    with pytest.raises(SystemExit) as e:  # redrawn alone, the diverged run's folder exits 3 as its run did
+        cli(report.main, report.parse_args, [dead])
+    assert e.value.code == 3 and "1 run(s) diverged (grok/seed2)" in capsys.readouterr().err
 
 
 def test_the_readme_snippets_run_from_another_folder(tmp_path):
