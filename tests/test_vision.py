@@ -1183,3 +1183,19 @@ def test_compile_trains_through_the_compiled_model_and_measures_the_eager_one(tm
                                    "--out-dir", str(tmp_path)] + SMALL))
     assert Compiled.calls == 3  # one per training step
     assert seen and Compiled not in seen
+
+
+
+def test_augment_trains_every_batch_on_its_augmented_images(tmp_path, monkeypatch):
+    """--augment on a 32x32 set: each training batch goes through augment_batch (uint8 images and the run's own
+    generator), and the model trains on what it returns, not on the batch itself."""
+    augmented, trained, augment, forward = [], [], vision.augment_batch, vision.MLP.forward
+    monkeypatch.setattr(vision, "augment_batch", lambda x, g: augmented.append(augment(x, g)) or augmented[-1])
+    monkeypatch.setattr(vision.MLP, "forward",
+                        lambda self, x: (trained.append(x) if self.training else None) or forward(self, x))
+    argv = ["--dataset", "fake", "--augment", "--model", "mlp", "--epochs", "1", "--n-train", "40", "--n-test", "10",
+            "--n-sens", "4", "--batch-size", "20", "--out-dir", str(tmp_path), "--no-figures"] + SMALL
+    vision.main(vision.parse_args(argv))
+    assert len(augmented) == len(trained) == 2
+    for a, t in zip(augmented, trained):
+        assert a.dtype == torch.uint8 and a.shape == (20, 3, 32, 32) and torch.equal(t, vision.normalize(a))
