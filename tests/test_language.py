@@ -777,3 +777,28 @@ def test_sens_test_measures_the_first_n_sens_test_pairs_and_fractional_epochs_ro
     x, xt = (language.encode(pairs, tok, 128)[0] for pairs in (train, test))
     assert len(measured) == 4  # at each of the two evaluations: the training pairs, then the test pairs
     assert all(torch.equal(m, want[:5]) for m, want in zip(measured, [x, xt, x, xt]))
+
+
+def test_a_block_is_torchs_pre_norm_encoder_layer_with_the_same_weights():
+    """Block (softmax attention, no dropout) against torch.nn.TransformerEncoderLayer with norm_first and GELU, its
+    weights copied in: the same outputs on padded rows, and with causal=True under torch's causal mask. With heads x
+    dim_head other than dim and an MLP wider than dim, the shapes still fit (the projections' sizes in order)."""
+    torch.manual_seed(0)
+    block = language.Block(12, 3, 4, 20, 0.0, "softmax", causal=False).eval()
+    ref = nn.TransformerEncoderLayer(12, 3, dim_feedforward=20, dropout=0.0, activation="gelu", norm_first=True,
+                                     batch_first=True).eval()
+    with torch.no_grad():
+        ref.self_attn.in_proj_weight.copy_(block.qkv.weight)  # q, k, v one after another, heads in order in each
+        ref.self_attn.in_proj_bias.copy_(block.qkv.bias)
+    for mine, theirs in [(block.proj, ref.self_attn.out_proj), (block.mlp[0], ref.linear1), (block.mlp[2], ref.linear2),
+                         (block.ln1, ref.norm1), (block.ln2, ref.norm2)]:
+        theirs.load_state_dict(mine.state_dict())
+    x = torch.randn(2, 5, 12)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # the second row padded after 3 tokens
+    with torch.no_grad():
+        assert torch.allclose(block(x, mask), ref(x, src_key_padding_mask=~mask), atol=1e-5)
+        block.causal = True
+        causal = nn.Transformer.generate_square_subsequent_mask(5)
+        assert torch.allclose(block(x[:1], mask[:1]), ref(x[:1], src_mask=causal, is_causal=True), atol=1e-5)
+        wide = language.Block(12, 3, 5, 20, 0.0, "softmax", causal=False)  # 15 channels of heads for a width of 12
+        assert wide(x, mask).shape == (2, 5, 12)
