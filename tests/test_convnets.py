@@ -42,7 +42,7 @@ def test_every_forward_pass_is_its_parts():
     a dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds
     its patches with a GELU before the BatchNorm and adds the residual around the depthwise convolution only; the
     heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet, whose stems keep
-    the 32 x 32."""
+    the 32 x 32, and DenseNet's features end with a BatchNorm, then a ReLU."""
     torch.manual_seed(0)
     x = torch.randn(2, 64, 8, 8)
 
@@ -79,6 +79,8 @@ def test_every_forward_pass_is_its_parts():
         assert densenet.features[0](img).shape == (2, 64, 32, 32)
         features = densenet.features(img)
         assert features.shape == (2, 1024, 4, 4)
+        assert [type(m) for m in densenet.features[-2:]] == [nn.BatchNorm2d, nn.ReLU]  # torchvision's norm5, then ReLU
+        assert features.min() >= 0
         pools = [m for m in densenet.features if isinstance(m, (nn.AvgPool2d, nn.MaxPool2d))]
         assert [type(m) for m in pools] == [nn.AvgPool2d] * 3  # the transitions average, as torchvision's
         assert torch.allclose(densenet(img), densenet.head(features.mean((2, 3))), atol=1e-5)
