@@ -108,9 +108,9 @@ def test_a_value_returned_becomes_none_but_a_bare_return_is_left():
 
 
 def test_neighbouring_arguments_are_swapped_unless_the_call_is_symmetric():
-    """f(a, b, c) gives two mutants, f(b, a, c) and f(a, c, b); max(a, b) none (its order never matters), nor two
-    equal arguments or a starred one, and each undo gives the function back."""
-    source = "def f(a, b, c, d):\n    return f(a, b, c) + max(a, b) + f(a, a) + f(*a, b)\n"
+    """f(a, b, c) gives two mutants, f(b, a, c) and f(a, c, b); max(a, b) and d.transpose(1, 2) none (their order
+    never matters), nor two equal arguments or a starred one, and each undo gives the function back."""
+    source = "def f(a, b, c, d):\n    return f(a, b, c) + max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)\n"
     func = ast.parse(source).body[0]
     found = [apply for _, what, apply in mutate.mutations(func) if what.startswith("swap arguments")]
     assert len(found) == 2
@@ -121,4 +121,4 @@ def test_neighbouring_arguments_are_swapped_unless_the_call_is_symmetric():
         undo()
         assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
     assert "f(b, a, c)" in changed[0] and "f(a, c, b)" in changed[1]
-    assert all("max(a, b) + f(a, a) + f(*a, b)" in c for c in changed)
+    assert all("max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)" in c for c in changed)

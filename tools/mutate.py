@@ -136,7 +136,8 @@ COMPARE = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, a
 METHODS = {"mean": "sum", "sum": "mean", "max": "min", "min": "max", "argmax": "argmin", "amax": "amin",
            "amin": "amax", "std": "var", "sqrt": "abs", "softmax": "log_softmax", "relu": "abs"}
 
-SYMMETRIC = {"max", "min", "torch.maximum", "torch.minimum", "math.hypot"}  # no order of their arguments matters
+# calls, by their last name, in which the order of two arguments does not matter (max(a, b); transpose(1, 2))
+SYMMETRIC = {"max", "min", "maximum", "minimum", "hypot", "transpose", "swapaxes"}
 
 
 def setting(node, field, new):
@@ -181,8 +182,8 @@ def mutations(func):
                         return lambda: n.keywords.insert(i, k)
                     out.append((node, f"drop {kw.arg}=", drop))
             args = node.args  # f(a, b) -> f(b, a): two neighbours swapped, where the order can matter
-            for i in range(len(args) - 1):
-                if ast.unparse(node.func) not in SYMMETRIC and ast.dump(args[i]) != ast.dump(args[i + 1]) and \
+            for i in range(len(args) - 1 if ast.unparse(node.func).split(".")[-1] not in SYMMETRIC else 0):
+                if ast.dump(args[i]) != ast.dump(args[i + 1]) and \
                         not any(isinstance(a, ast.Starred) for a in args[i:i + 2]):
                     def swap(a=args, i=i):
                         a[i], a[i + 1] = a[i + 1], a[i]
