@@ -40,7 +40,8 @@ def test_convmixer_and_cnn_parameters_by_hand():
 def test_every_forward_pass_is_its_parts():
     """Residual blocks add their shortcut before the last ReLU (a strided 1x1 convolution where the shape changes);
     a dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds
-    its patches with a GELU before the BatchNorm and adds the residual around the depthwise convolution only; the
+    its patches with a GELU before the BatchNorm, as each of its layers does after its convolution, and adds the
+    residual around the depthwise convolution only; the
     heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet, whose stems keep
     the 32 x 32, and DenseNet's features end with a BatchNorm, then a ReLU."""
     torch.manual_seed(0)
@@ -91,6 +92,8 @@ def test_every_forward_pass_is_its_parts():
         assert torch.equal(h, mixer.embed[2](F.gelu(mixer.embed[0](img))))  # patches, GELU, then BatchNorm
         for spatial, channel in zip(mixer.spatial, mixer.channel):
             assert spatial[0].groups == 16 and spatial[0].kernel_size == (3, 3)  # depthwise
+            for part, given in [(spatial, h), (channel, h + spatial(h))]:  # each a convolution, GELU, BatchNorm
+                assert torch.equal(part(given), part[2](F.gelu(part[0](given))))
             h = channel(h + spatial(h))
         assert torch.allclose(mixer(img), mixer.head(h.mean((2, 3))), atol=1e-5)
 
