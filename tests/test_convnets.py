@@ -38,12 +38,11 @@ def test_convmixer_and_cnn_parameters_by_hand():
 
 
 def test_every_forward_pass_is_its_parts():
-    """Residual blocks add their shortcut before the last ReLU (a strided 1x1 convolution where the shape changes);
-    a dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds
-    its patches with a GELU before the BatchNorm, as each of its layers does after its convolution, and adds the
-    residual around the depthwise convolution only; the
-    heads read the global average of the last feature map, 4 x 4 at 32 x 32 for ResNet and DenseNet, whose stems keep
-    the 32 x 32, and DenseNet's features end with a BatchNorm, then a ReLU."""
+    """Residual blocks add their shortcut before the last ReLU (a strided 1x1 convolution where the shape changes); a
+    dense layer appends its new channels after its input, and DenseNet's transitions average-pool; ConvMixer embeds its
+    patches with a GELU before the BatchNorm, as each of its layers does after its convolution, and adds the residual
+    around the depthwise convolution only; the heads read the global average of the last feature map, 4 x 4 at 32 x 32
+    for ResNet and DenseNet, whose stems keep the 32 x 32, and DenseNet's features end with a BatchNorm, then a ReLU."""
     torch.manual_seed(0)
     x = torch.randn(2, 64, 8, 8)
 
