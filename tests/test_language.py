@@ -802,3 +802,5 @@ def test_a_block_is_torchs_pre_norm_encoder_layer_with_the_same_weights():
         assert torch.allclose(block(x[:1], mask[:1]), ref(x[:1], src_mask=causal, is_causal=True), atol=1e-5)
         wide = language.Block(12, 3, 5, 20, 0.0, "softmax", causal=False)  # 15 channels of heads for a width of 12
         assert wide(x, mask).shape == (2, 5, 12)
+    model = language.TextTransformer(10, 8, 12, 2, heads=3, dim_head=5, mlp_dim=20, dropout=0.0)
+    assert all((b.heads, b.dim_head, b.mlp[0].out_features) == (3, 5, 20) for b in model.blocks)  # in that order
