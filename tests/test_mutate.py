@@ -58,6 +58,17 @@ def test_rerun_lists_only_the_survivors_of_a_report(tmp_path):
     assert listed("--rerun", str(report)) == twice
 
 
+def each_applied(func, applies):
+    """The function's source with each change applied in turn; each undo gives the function back."""
+    before, changed = ast.unparse(func), []
+    for apply in applies:
+        undo = apply()
+        changed.append(ast.unparse(func))
+        undo()
+        assert ast.unparse(func) == before
+    return changed
+
+
 def test_a_condition_is_negated_where_no_other_change_reverses_it():
     """`if a:` and `b if a else 3` are negated; a comparison (flipped instead) and a `not` (dropped instead) are not,
     and the undo gives the function back."""
@@ -66,12 +77,7 @@ def test_a_condition_is_negated_where_no_other_change_reverses_it():
     func = ast.parse(source).body[0]
     negations = [apply for _, what, apply in mutate.mutations(func) if what == "negate the condition"]
     assert len(negations) == 2
-    changed = []
-    for apply in negations:
-        undo = apply()
-        changed.append(ast.unparse(func))
-        undo()
-        assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
+    changed = each_applied(func, negations)
     assert "if not a:" in changed[0] and "b if not a else 3" in changed[1]
 
 
@@ -84,12 +90,7 @@ def test_each_bound_of_a_slice_and_each_break_is_dropped_in_turn():
              if "bound" in what or what in ("delete `break`", "delete `continue`")}
     assert set(found) == {"drop a slice's lower bound", "drop a slice's upper bound", "drop a slice's step bound",
                           "delete `break`", "delete `continue`"}
-    changed = {}
-    for what, apply in found.items():
-        undo = apply()
-        changed[what] = ast.unparse(func)
-        undo()
-        assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
+    changed = dict(zip(found, each_applied(func, found.values())))
     assert "x[:-1:2]" in changed["drop a slice's lower bound"] and "x[1::2]" in changed["drop a slice's upper bound"]
     assert "x[1:-1]" in changed["drop a slice's step bound"]
     assert "break" not in changed["delete `break`"] and "continue" not in changed["delete `continue`"]
@@ -114,11 +115,6 @@ def test_neighbouring_arguments_are_swapped_unless_the_call_is_symmetric():
     func = ast.parse(source).body[0]
     found = [apply for _, what, apply in mutate.mutations(func) if what.startswith("swap arguments")]
     assert len(found) == 2
-    changed = []
-    for apply in found:
-        undo = apply()
-        changed.append(ast.unparse(func))
-        undo()
-        assert ast.unparse(func) == ast.unparse(ast.parse(source).body[0])
+    changed = each_applied(func, found)
     assert "f(b, a, c)" in changed[0] and "f(a, c, b)" in changed[1]
     assert all("max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)" in c for c in changed)
