@@ -1,6 +1,6 @@
 """What several test files share: stopping a run in the middle of its training; the losses its divergence checks
-see; its optimizer's steps; a spy on a function's keyword arguments; a synthetic run's final record; the figures
-report.py draws. And the order the suite runs in."""
+see; what its loop tells its progress and checkpoints; its optimizer's steps; a spy on a function's keyword
+arguments; a synthetic run's final record; the figures report.py draws. And the order the suite runs in."""
 
 import os
 import signal
@@ -34,6 +34,24 @@ def divergence_checks(monkeypatch):
     monkeypatch.setattr(runs.Results, "diverged", lambda self, run, step, loss, *a: losses.append(loss) or
                         real(self, run, step, loss, *a))
     return losses
+
+
+def loop_calls(monkeypatch):
+    """What a training loop tells its progress lines and its checkpoints at the top of each step from now on:
+    (step, evaluating) for each tick, (step, evaluating, save_every) for each checkpoint call, in lists that fill as
+    runs go. Their times (report.py --times) and snapshots rest on these flags, which no reported number shows."""
+    calls, tick, checkpoint = {"tick": [], "checkpoint": []}, runs.Progress.tick, runs.Results.checkpoint
+
+    def ticked(self, step, evaluating, loss=None):
+        calls["tick"].append((step, evaluating))
+        return tick(self, step, evaluating, loss)
+
+    def checkpointed(self, run, step, evaluating, save_every, *a, **kw):
+        calls["checkpoint"].append((step, evaluating, save_every))
+        return checkpoint(self, run, step, evaluating, save_every, *a, **kw)
+    monkeypatch.setattr(runs.Progress, "tick", ticked)
+    monkeypatch.setattr(runs.Results, "checkpoint", checkpointed)
+    return calls
 
 
 def optimizer_steps(monkeypatch, optimizer):

@@ -12,7 +12,7 @@ import grokking
 import report
 import runs
 from common import gaussian, sensitivity
-from conftest import divergence_checks, optimizer_steps, spy
+from conftest import divergence_checks, loop_calls, optimizer_steps, spy
 
 
 def test_dataset_has_every_pair_and_a_fixed_30_percent_split():
@@ -123,12 +123,7 @@ def test_figure_draws_each_seed_to_its_own_last_epoch(tmp_path, drawn):
 def test_end_to_end(tmp_path, monkeypatch):
     """Two seeds of 4 epochs: metrics.json's keys, evaluations every 2 epochs, every epoch timed, a checkpoint every
     --save-every epochs, each epoch's call saying whether it evaluates."""
-    calls, checkpoint = [], runs.Results.checkpoint
-
-    def recorded(self, run, step, evaluating, save_every, *a, **kw):
-        calls.append((step, evaluating, save_every))
-        return checkpoint(self, run, step, evaluating, save_every, *a, **kw)
-    monkeypatch.setattr(runs.Results, "checkpoint", recorded)
+    calls = loop_calls(monkeypatch)
     argv = ["--p", "11", "--epochs", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--mlp-dim", "32",
             "--seeds", "0", "1", "--save-every", "4", "--out-dir", str(tmp_path), "--run-name", "t"]
     grokking.main(grokking.parse_args(argv))
@@ -142,7 +137,8 @@ def test_end_to_end(tmp_path, monkeypatch):
         assert key in run["final"]
     assert 0 <= run["final"]["sens"] <= 1 and run["final"]["weight_norm"] > 0
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every epoch timed (--times)
-    assert calls == [(epoch, epoch % 2 == 0, 4) for epoch in range(5)] * 2
+    assert calls["checkpoint"] == [(epoch, epoch % 2 == 0, 4) for epoch in range(5)] * 2
+    assert calls["tick"] == [(epoch, epoch % 2 == 0) for epoch in range(5)] * 2
     assert (folder / "checkpoint.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
 
 

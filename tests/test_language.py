@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import language
 import report
 import runs
-from conftest import optimizer_steps
+from conftest import loop_calls, optimizer_steps
 from runs import seed_all, strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
@@ -252,7 +252,8 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
 
 
 @pytest.mark.slow
-def test_end_to_end(tmp_path):
+def test_end_to_end(tmp_path, monkeypatch):
+    calls = loop_calls(monkeypatch)
     write_mrpc(tmp_path / "MRPC", PAIRS * 5, "train.tsv")
     write_mrpc(tmp_path / "MRPC", PAIRS, "dev.tsv")
     argv = ["--data-dir", str(tmp_path), "--model", "roberta", "gpt2", "lstm", "--attn", "softmax", "relu",
@@ -267,6 +268,8 @@ def test_end_to_end(tmp_path):
     run = data["runs"]["lstm/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4] and [h["examples"] for h in run["history"]] == [0, 10, 20]
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
+    told = [(step, step % 2 == 0) for step in range(5)] * 5  # five models: what the progress and checkpoints hear
+    assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_test"]:
         assert isinstance(run["final"][key], float)
     prof, pairs = run["final"]["profiles"]["right"]["sens"], run["final"]["profiles"]["right"]["pairs"]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import parity
 import runs
 from common import flip, sensitivity
-from conftest import divergence_checks, optimizer_steps
+from conftest import divergence_checks, loop_calls, optimizer_steps
 
 
 def test_task_labels_are_the_parity_of_the_relevant_bits():
@@ -65,6 +65,7 @@ def test_end_to_end(tmp_path, monkeypatch):
     made = []
     real_adamw = torch.optim.AdamW
     monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **kw: made.append(kw) or real_adamw(*a, **kw))
+    calls = loop_calls(monkeypatch)
     argv = ["--n", "8", "--k", "2", "--steps", "4", "--eval-every", "2", "--n-train", "300", "--n-test", "100",
             "--n-sens", "50", "--weight-decay", "0.3", "--out-dir", str(tmp_path), "--run-name", "t"]
     parity.main(parity.parse_args(argv))
@@ -73,6 +74,8 @@ def test_end_to_end(tmp_path, monkeypatch):
     run = data["runs"]["setting1/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4]
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
+    told = [(step, step % 2 == 0) for step in range(5)] * len(data["runs"])  # what the progress and checkpoints hear
+    assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]
     final = run["final"]
     assert final["sens_count"] == pytest.approx(final["sens"] * 8)
     assert len(final["sens_by_bit"]) == 8 and len(final["relevant_bits"]) == 2

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import report
-import runs
 import synthetic
 from common import replace, sensitivity
-from conftest import optimizer_steps, synthetic_final
+from conftest import loop_calls, optimizer_steps, synthetic_final
 from runs import seed_all
 
 
@@ -117,9 +116,7 @@ def test_end_to_end(tmp_path, capsys, monkeypatch):
     """A 4-step run of both presets writes metrics.json with the documented keys, evaluations every --eval-every
     steps and at the end (the progress lines told which steps evaluate, whose times report.py --times splits), and
     the figure; report.py redraws it and says where."""
-    ticks, tick = [], runs.Progress.tick
-    monkeypatch.setattr(runs.Progress, "tick", lambda self, step, evaluating, loss=None: ticks.append(
-        (step, evaluating)) or tick(self, step, evaluating, loss))
+    calls = loop_calls(monkeypatch)
     args = synthetic.parse_args(["--steps", "4", "--eval-every", "3", "--seeds", "0", "1", "--n-train", "200",
                                  "--n-test", "100", "--n-sens", "50", "--out-dir", str(tmp_path)])
     data = synthetic.main(args)
@@ -133,7 +130,8 @@ def test_end_to_end(tmp_path, capsys, monkeypatch):
         assert isinstance(final[key], float), key
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
     assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 3, 4]
-    assert ticks == [(0, True), (1, False), (2, False), (3, True), (4, True)] * 4  # two presets, two seeds
+    told = [(0, True), (1, False), (2, False), (3, True), (4, True)] * 4  # two presets, two seeds
+    assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]  # --save-every 0: at evaluations
     seconds = on_disk["runs"]["sparse-lower/seed0"]["seconds"]
     assert seconds["training"] > 0 and seconds["evaluations"] > 0  # every step timed (report.py --times reads it)
     assert os.path.getsize(folder / "synthetic.png") > 10_000
