@@ -18,6 +18,7 @@ import runs
 import vision
 import vits
 from common import patchify
+from conftest import loop_calls
 from runs import Results, strict_json
 
 SMALL = ["--depth", "2", "--heads", "2", "--dim-head", "8", "--dim", "32", "--mlp-dim", "64", "--mlp-hidden", "64"]
@@ -200,10 +201,11 @@ def test_learning_rates_per_model():
 
 
 @pytest.mark.slow
-def test_end_to_end_on_fake_data(tmp_path, capsys):
+def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures,
     and the summary printed at the end. Each evaluation records the seconds since its run started: growing, and
-    within the test's own wall time."""
+    within the test's own wall time. The progress hears of every step, the checkpoints of every epoch's end."""
+    calls = loop_calls(monkeypatch)
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
             "--seeds", "0", "1", "--out-dir", str(tmp_path), "--run-name", "t", "--save-model"] + SMALL
@@ -223,6 +225,8 @@ def test_end_to_end_on_fake_data(tmp_path, capsys):
     assert final["sens"] == final["sens_at"]["patch:0.1"]["sens"]
     assert torch.tensor(final["sens_map"]).shape == (7, 7)
     assert [h["epoch"] for h in data["runs"]["mlp/seed1"]["history"]] == [0, 1]
+    assert calls["tick"] == [(0, True), (1, True)] * 4  # 4 runs of one step (100 images), both evaluated
+    assert calls["checkpoint"] == [(0, True, 0), (1, True, 0)] * 4  # the epochs 0 and 1
     for run in data["runs"].values():
         assert 0 <= run["history"][0]["time"] <= run["history"][1]["time"] <= wall
     for png in ["sensitivity.png", "sigma_sweep.png", "sensitivity_maps.png"]:
