@@ -1189,7 +1189,6 @@ def test_compile_trains_through_the_compiled_model_and_measures_the_eager_one(tm
     assert seen and Compiled not in seen
 
 
-
 def test_augment_trains_every_batch_on_its_augmented_images(tmp_path, monkeypatch):
     """--augment on a 32x32 set: each training batch goes through augment_batch (uint8 images and the run's own
     generator), and the model trains on what it returns, not on the batch itself."""
