@@ -628,7 +628,9 @@ def test_report_merges_seeds_run_apart_and_data_sizes(tmp_path, capsys):
         assert r["measured_under"]["sigma"] == [0.3, 3] and r["measured_under"]["sens_seed"] == 0
         assert r["measured_under"]["n_sens"] == 6 and r["measured_under"]["mask"] == ["patch"]
     assert os.path.getmtime(os.path.join(a, "metrics.json")) == before
-    assert "mlp - vit | patch:0.3" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mlp - vit | patch:0.3" in printed
+    assert printed.splitlines()[-1].startswith(f"wrote {out / 'metrics.json'} {out}")  # the merge's files, last
     small = vision_run(tmp_path, "n30", "--seeds", "0", "--n-train", "30")
     with pytest.raises(ValueError, match=r"different flags \(--n-train: 60 / 30\).*--vary n-train"):
         report.merge([a, small])
