@@ -37,10 +37,16 @@ def divergence_checks(monkeypatch):
 
 
 def loop_calls(monkeypatch):
-    """What a training loop tells its progress lines and its checkpoints at the top of each step from now on:
-    (step, evaluating) for each tick, (step, evaluating, save_every) for each checkpoint call, in lists that fill as
-    runs go. Their times (report.py --times) and snapshots rest on these flags, which no reported number shows."""
-    calls, tick, checkpoint = {"tick": [], "checkpoint": []}, runs.Progress.tick, runs.Results.checkpoint
+    """What a training loop tells its progress lines and its checkpoints from now on: (start, total, eval_every) for
+    each run's progress, then at the top of each step (step, evaluating) for each tick and (step, evaluating,
+    save_every) for each checkpoint call, in lists that fill as runs go. The progress lines' estimates, the times
+    (report.py --times) and the snapshots rest on these, which no reported number shows."""
+    calls = {"progress": [], "tick": [], "checkpoint": []}
+    progress, tick, checkpoint = runs.Results.progress, runs.Progress.tick, runs.Results.checkpoint
+
+    def made(self, run, start, total, eval_every, **kw):
+        calls["progress"].append((start, total, eval_every))
+        return progress(self, run, start, total, eval_every, **kw)
 
     def ticked(self, step, evaluating, loss=None):
         calls["tick"].append((step, evaluating))
@@ -49,6 +55,7 @@ def loop_calls(monkeypatch):
     def checkpointed(self, run, step, evaluating, save_every, *a, **kw):
         calls["checkpoint"].append((step, evaluating, save_every))
         return checkpoint(self, run, step, evaluating, save_every, *a, **kw)
+    monkeypatch.setattr(runs.Results, "progress", made)
     monkeypatch.setattr(runs.Progress, "tick", ticked)
     monkeypatch.setattr(runs.Results, "checkpoint", checkpointed)
     return calls

@@ -138,6 +138,7 @@ def test_end_to_end(tmp_path, monkeypatch):
     assert 0 <= run["final"]["sens"] <= 1 and run["final"]["weight_norm"] > 0
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every epoch timed (--times)
     told = [(epoch, epoch % 2 == 0) for epoch in range(5)] * 2  # two seeds: what the progress and checkpoints hear
+    assert calls["progress"] == [(0, 4, 2)] * 2  # from epoch 0, 4 epochs, evaluating every 2
     assert calls["tick"] == told and calls["checkpoint"] == [(*t, 4) for t in told]
     assert (folder / "checkpoint.pt").exists() and (folder / "grokking.png").stat().st_size > 5000
 

@@ -269,6 +269,7 @@ def test_end_to_end(tmp_path, monkeypatch):
     assert [h["step"] for h in run["history"]] == [0, 2, 4] and [h["examples"] for h in run["history"]] == [0, 10, 20]
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
     told = [(step, step % 2 == 0) for step in range(5)] * 5  # five models: what the progress and checkpoints hear
+    assert calls["progress"] == [(0, 4, 2)] * 5  # from step 0, 4 steps, evaluating every 2
     assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]
     for key in ["sens", "sens_stderr", "train_acc", "test_acc", "sens_test"]:
         assert isinstance(run["final"][key], float)

@@ -75,6 +75,7 @@ def test_end_to_end(tmp_path, monkeypatch):
     assert [h["step"] for h in run["history"]] == [0, 2, 4]
     assert run["seconds"]["training"] > 0 and run["seconds"]["evaluations"] > 0  # every step timed (--times)
     told = [(step, step % 2 == 0) for step in range(5)] * len(data["runs"])  # what the progress and checkpoints hear
+    assert calls["progress"] == [(0, 4, 2)] * len(data["runs"])  # from step 0, 4 steps, evaluating every 2
     assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]
     final = run["final"]
     assert final["sens_count"] == pytest.approx(final["sens"] * 8)

@@ -131,6 +131,7 @@ def test_end_to_end(tmp_path, capsys, monkeypatch):
     assert final["sens_sparse_fn"] == 0 and final["sens_frequent_fn"] > 0.2
     assert [h["step"] for h in on_disk["runs"]["sparse-lower/seed0"]["history"]] == [0, 3, 4]
     told = [(0, True), (1, False), (2, False), (3, True), (4, True)] * 4  # two presets, two seeds
+    assert calls["progress"] == [(0, 4, 3)] * 4  # from step 0, 4 steps, evaluating every 3
     assert calls["tick"] == told and calls["checkpoint"] == [(*t, 0) for t in told]  # --save-every 0: at evaluations
     seconds = on_disk["runs"]["sparse-lower/seed0"]["seconds"]
     assert seconds["training"] > 0 and seconds["evaluations"] > 0  # every step timed (report.py --times reads it)

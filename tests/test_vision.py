@@ -225,6 +225,7 @@ def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
     assert final["sens"] == final["sens_at"]["patch:0.1"]["sens"]
     assert torch.tensor(final["sens_map"]).shape == (7, 7)
     assert [h["epoch"] for h in data["runs"]["mlp/seed1"]["history"]] == [0, 1]
+    assert calls["progress"] == [(0, 1, 1)] * 4  # from step 0, one step, evaluating every epoch of one step
     assert calls["tick"] == [(0, True), (1, True)] * 4  # 4 runs of one step (100 images), both evaluated
     assert calls["checkpoint"] == [(0, True, 0), (1, True, 0)] * 4  # the epochs 0 and 1
     for run in data["runs"].values():
