@@ -274,16 +274,19 @@ def test_the_synthetic_and_parity_figures_give_each_setting_a_column_of_its_seed
         assert np.allclose(line.get_ydata(), [0, 0.02 * (i + 1), 0.04 * (i + 1)]), keys[i]
     assert np.allclose(axes[7].lines[2].get_ydata(), [0, 0.6, 1.2])  # frequent-lower's frequent vote
 
-    parity_hist = [{"step": t, "train_acc": 0.5, "test_acc": 0.6, "sens_count": 1.0 * t, "sens_relevant": 0.5}
+    parity_hist = [{"step": t, "train_acc": 0.5, "test_acc": 0.6, "sens_count": 0.2 * t, "sens_relevant": 0.5}
                    for t in (0, 10)]
     runs = {"setting1/seed0": {"model": "setting1", "seed": 0, "history": parity_hist, "final": {}}}
     report.draw({"script": "parity", "args": {"k": 3}, "runs": runs}, str(tmp_path))
     accuracy, sens = drawn[1].axes
     assert named(accuracy) == ("setting1 (1 seed)", "", "accuracy")  # its x label under the panel below
     assert [ln.get_label() for ln in accuracy.lines] == ["train", "test"]
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in accuracy.lines] == [([0, 10], [0.5, 0.5]),
+                                                                                      ([0, 10], [0.6, 0.6])]
+    assert [list(ln.get_xdata()) for ln in sens.lines[:2]] == [[0, 10], [0, 10]]  # over the steps
     assert [ln.get_label() for ln in sens.lines] == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
     assert named(sens) == ("", "Adam step", "Boolean sensitivity")
-    assert list(sens.lines[0].get_ydata()) == [0, 10] and list(sens.lines[2].get_ydata()) == [3, 3]
+    assert list(sens.lines[0].get_ydata()) == [0, 2] and list(sens.lines[2].get_ydata()) == [3, 3]
     assert legend_texts(accuracy) == ["train", "test"]  # which line is which, in each panel's legend
     assert legend_texts(sens) == ["sensitivity (count)", "on the k relevant bits", "k = 3"]
 
