@@ -68,6 +68,7 @@ def test_every_forward_pass_is_its_parts():
         assert isinstance(wider.shortcut[0], nn.Conv2d) and wider.eval()(x).shape == (2, 96, 8, 8)
         d = randomised(DenseLayer(64, 8))
         assert torch.equal(d(x), torch.cat([x, d.net(x)], dim=1))
+        assert [type(m) for m in d.net] == [nn.BatchNorm2d, nn.ReLU, nn.Conv2d] * 2  # pre-activation, as torchvision's
 
         img = torch.randn(2, 3, 32, 32)
         resnet = randomised(ResNet18(channels=3, classes=10))
@@ -100,5 +101,7 @@ def test_every_forward_pass_is_its_parts():
 @pytest.mark.parametrize("size", [28, 32])
 def test_the_cnn_pools_once_to_half_the_resolution(size):
     model = CNN(channels=1, size=size, classes=10).eval()
+    assert [type(m) for m in model.net] == [nn.Conv2d, nn.LeakyReLU, nn.Conv2d, nn.LeakyReLU, nn.MaxPool2d, nn.Flatten,
+                                            nn.Linear, nn.LeakyReLU, nn.Linear]  # each layer, then its activation
     assert model.net[:5](torch.randn(2, 1, size, size)).shape == (2, 32, size // 2, size // 2)
     assert model(torch.randn(2, 1, size, size)).shape == (2, 10)
