@@ -65,11 +65,15 @@ def test_end_to_end(tmp_path, monkeypatch):
     made = []
     real_adamw = torch.optim.AdamW
     monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **kw: made.append(kw) or real_adamw(*a, **kw))
+    blocks, real_block = [], parity.Block
+    monkeypatch.setattr(parity, "Block", lambda *a: blocks.append(a[2:]) or real_block(*a))
     calls = loop_calls(monkeypatch)
     argv = ["--n", "8", "--k", "2", "--steps", "4", "--eval-every", "2", "--n-train", "300", "--n-test", "100",
-            "--n-sens", "50", "--weight-decay", "0.3", "--out-dir", str(tmp_path), "--run-name", "t"]
+            "--n-sens", "50", "--weight-decay", "0.3", "--dim-head", "5", "--mlp-dim", "12", "--out-dir",
+            str(tmp_path), "--run-name", "t"]
     parity.main(parity.parse_args(argv))
     assert made == [{"lr": 1e-3, "weight_decay": 0.3}]  # the flag reaches the optimizer
+    assert blocks and set(blocks) == {(5, 12)}  # --dim-head and --mlp-dim reach every block, each in its place
     data = json.loads((tmp_path / "parity" / "t" / "metrics.json").read_text())
     run = data["runs"]["setting1/seed0"]
     assert [h["step"] for h in run["history"]] == [0, 2, 4]
