@@ -219,9 +219,9 @@ def test_replace_draws_rows_of_the_vocabulary():
 
 
 def test_patchify_layout_and_round_trip():
-    images = torch.randn(3, 2, 12, 8)
+    images = torch.randn(5, 2, 12, 8)  # a batch, channels, rows and columns of patches all of different sizes
     tokens = patchify(images, 4)
-    assert tokens.shape == (3, 6, 2 * 16)
+    assert tokens.shape == (5, 6, 2 * 16)
     assert torch.equal(tokens[:, 0], images[:, :, :4, :4].flatten(1))  # top-left patch first
     assert torch.equal(tokens[:, 1], images[:, :, :4, 4:8].flatten(1))  # then along the row
     assert torch.equal(unpatchify(tokens, 4, (2, 12, 8)), images)
