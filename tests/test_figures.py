@@ -23,6 +23,12 @@ def legend_texts(ax):
     return [t.get_text() for t in ax.get_legend().get_texts()]
 
 
+def in_a_row(axes):
+    """Panels side by side, left to right in the order given (a figure's 1 x n grid, not n x 1)."""
+    boxes = [ax.get_position() for ax in axes]
+    return len({round(b.y0, 6) for b in boxes}) == 1 and all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
 def named(ax):
     """A panel's title and axis labels: what a reader is told it shows."""
     return ax.get_title(), ax.get_xlabel(), ax.get_ylabel()
@@ -117,11 +123,13 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
     paths = report.draw(data, str(tmp_path))
     assert paths == [f"{tmp_path}/sensitivity.png", f"{tmp_path}/sensitivity_by_position.png"]
     sens = drawn[0].axes[0]
+    assert in_a_row(drawn[0].axes)
     assert [named(ax) for ax in drawn[0].axes] == [(title, "training examples seen", "") for title in
                                                    ["sensitivity (train subset)", "train accuracy", "test accuracy"]]
     assert list(sens.lines[0].get_xdata()) == [0, 10, 20]
     assert [legend_texts(ax) for ax in drawn[0].axes] == [["roberta (2 seeds)", "lstm (1 seed)"]] * 3
     right, left, right_pairs, left_pairs = drawn[1].axes
+    assert in_a_row([right, left])
     assert [named(right), named(left)] == [
         ("right-aligned", "position counted from the last token (0)", "sensitivity at that position"),
         ("left-aligned", "position from <s> (0)", "sensitivity at that position")]
@@ -159,6 +167,7 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
                                                      "sigma_sweep.png", "sensitivity_maps.png"]
     assert [legend_texts(ax) for ax in drawn[0].axes] == [["vit (2 seeds)", "mlp (1 seed)"]] * 3
+    assert in_a_row(drawn[0].axes)
     assert [named(ax) for ax in drawn[0].axes] == [(title, "epoch", "") for title in
                                                    ["sensitivity (train subset)", "train accuracy", "test accuracy"]]
     ax, = drawn[1].axes
@@ -168,6 +177,7 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     assert [ln.get_color() for ln in ax.lines] == ["C0", "C0", "C1"]
     assert legend_texts(ax) == ["vit", "mlp"]
     patch, scattered = drawn[2].axes
+    assert in_a_row([patch, scattered])
     assert [named(patch), named(scattered)] == [
         (f"{mask} mask (band: range over seeds)", "sigma (noise std on normalised pixels)", "sensitivity")
         for mask in ["patch", "scattered"]]
@@ -305,6 +315,7 @@ def test_the_grokking_figure_draws_each_seed_and_its_phases(tmp_path, drawn):
         runs[f"transformer/seed{s}"] = {"model": "transformer", "seed": s, "history": hist(s, grok), "final": {}}
     report.draw({"script": "grokking", "runs": runs}, str(tmp_path))
     axes = drawn[0].axes
+    assert in_a_row(axes)
     assert [ax.get_title() for ax in axes] == [f"{t} (2 seeds)" for t in ["accuracy", "loss", "sensitivity (train set)",
                                                                          "total weight norm"]]
     assert [ax.get_xlabel() for ax in axes] == ["epoch"] * 4
