@@ -149,7 +149,7 @@ def test_the_position_figure_averages_the_seeds_that_measured_each_position(tmp_
 def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_maps(tmp_path, drawn):
     """draw_vision: sensitivity against train accuracy, one line per run in its model's colour, at the evaluations
     that measured it; the sigma sweep per mask, the mean over seeds with their range as the band, a model only where
-    it was measured; each run's per-patch map as measured."""
+    it was measured; each run's per-patch map as measured, side by side."""
     def run(model, seed, sens, finals, sens_map=None):
         hist = [{"epoch": e, "train_acc": a, "test_acc": 0.5, **({"sens": s} if s is not None else {})}
                 for e, (a, s) in enumerate(zip([0.2, 0.5, 0.9], sens))]
@@ -161,7 +161,8 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     data = {"script": "vision", "args": {"mask": ["patch"], "sigma": [0.1, 1.0]}, "runs": {
         "vit/seed0": run("vit", 0, [0.1, None, 0.3], {"patch:0.1": 0.1, "patch:1": 0.3, "scattered:1": 0.2},
                          [[0.1, 0.2], [0.3, 0.4]]),
-        "vit/seed1": run("vit", 1, [0.2, 0.4, 0.6], {"patch:0.1": 0.2, "patch:1": 0.7, "scattered:1": 0.4}),
+        "vit/seed1": run("vit", 1, [0.2, 0.4, 0.6], {"patch:0.1": 0.2, "patch:1": 0.7, "scattered:1": 0.4},
+                         [[0.5, 0.6], [0.7, 0.9]]),
         "mlp/seed0": run("mlp", 0, [0.5, 0.6, 0.7], {"patch:0.1": 0.6, "patch:1": 0.8})}}
     paths = report.draw(data, str(tmp_path))
     assert [p.rpartition("/")[2] for p in paths] == ["sensitivity.png", "sensitivity_vs_train_acc.png",
@@ -191,11 +192,14 @@ def test_the_vision_figures_draw_each_run_the_sweep_over_seeds_and_the_patch_map
     band, = patch.collections  # the vit's range over its two seeds (not over sigmas); the one-seed mlp has none
     assert {(0.1, 0.1), (0.1, 0.2), (1, 0.3), (1, 0.7)} <= corners(band)
     assert {y for _, y in corners(band)} <= {0.1, 0.2, 0.3, 0.7}
-    image_ax, colour_bar = drawn[3].axes  # a map has no axes to read, its colour bar the scale
+    image_ax, image_ax1, colour_bar, colour_bar1 = drawn[3].axes  # a map has no axes to read, its colour bar the scale
+    assert in_a_row([image_ax, image_ax1])
     assert image_ax.get_title() == "vit/seed0" and np.allclose(image_ax.images[0].get_array(), [[0.1, 0.2],
                                                                                                 [0.3, 0.4]])
+    assert image_ax1.get_title() == "vit/seed1" and np.allclose(image_ax1.images[0].get_array(), [[0.5, 0.6],
+                                                                                                  [0.7, 0.9]])
     assert list(image_ax.get_xticks()) == list(image_ax.get_yticks()) == []
-    assert colour_bar.get_ylim() == pytest.approx((0.1, 0.4))
+    assert colour_bar.get_ylim() == pytest.approx((0.1, 0.4)) and colour_bar1.get_ylim() == pytest.approx((0.5, 0.9))
 
 
 def test_the_robustness_figures_give_each_model_its_means_over_severities_and_seeds(tmp_path, drawn):
