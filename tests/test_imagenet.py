@@ -16,6 +16,7 @@ from PIL import Image
 import imagenet
 import report
 from common import gaussian, patchify, sensitivity, unpatchify
+from conftest import loop_calls
 
 MEAN, STD = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])  # ImageNet's, per channel
 
@@ -235,7 +236,8 @@ def test_measure_is_the_estimator_on_16x16_patches_and_on_the_whole_image(tmp_pa
 
 def test_accuracy_on_an_imagenet_folder_and_the_time_of_each_model(tmp_path, monkeypatch):
     """With 1,000 classes the folder is ImageNet's: each model's accuracy on the measured images is recorded (class
-    index = label); and each model's time, as the final measurements of its run."""
+    index = label); and each model's time, as the final measurements of its run (no steps, one tick at step 0 that
+    its progress lines call the final evaluation and measurements)."""
     for c in range(1000):
         (tmp_path / "imgs" / f"n{c:04d}").mkdir(parents=True)
         Image.fromarray(np.full((8, 8, 3), c % 256, dtype=np.uint8)).save(tmp_path / "imgs" / f"n{c:04d}" / "0.png")
@@ -244,10 +246,12 @@ def test_accuracy_on_an_imagenet_folder_and_the_time_of_each_model(tmp_path, mon
                                 "--out-dir", str(tmp_path / "out")])
     _, labels, _ = imagenet.load_images(args, "cpu")
     assert 3 in labels.tolist()  # the constant model is right on some image
+    calls = loop_calls(monkeypatch)
     data = imagenet.main(args)
     for run in data["runs"].values():
         assert run["final"]["train_acc"] == (labels == 3).float().mean().item() > 0
         assert run["seconds"]["final"] > 0 and run["seconds"]["training"] == 0
+    assert calls["progress"] == [(0, 0, 1)] * len(data["runs"]) and calls["tick"] == [(0, True)] * len(data["runs"])
     (tmp_path / "imgs" / "n1000").mkdir()  # 1,001 classes: not ImageNet's labels, so no accuracy
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "imgs" / "n1000" / "0.png")
     args = imagenet.parse_args(["--imagenet-dir", str(tmp_path / "imgs"), "--n-sens", "2", "--sens-positions", "1",
