@@ -583,12 +583,14 @@ def test_resume_of_a_folder_written_before_a_flag_existed(tmp_path, monkeypatch,
     data = json.loads((folder / "metrics.json").read_text())
     del data["args"]["reps"]  # as if --reps had been added to synthetic.py after this run was written
     data["args"]["noise"] = "uniform"  # ... and a --noise flag removed since
-    data["args"]["device"] = "cuda:7"  # the device (and threads) come from this command, never from the folder
+    data["args"]["device"] = "cuda:7"  # the device, threads and progress lines come from this command, never from
+    data["args"]["progress_every"] = 0.5  # the folder (their defaults where the command gives none)
     (folder / "metrics.json").write_text(json.dumps(data))
     capsys.readouterr()
     monkeypatch.setattr(sys, "argv", ["synthetic.py", "--resume", str(folder), "--threads", "1"])  # as typed
     resumed = synthetic.main(synthetic.parse_args())
     assert "noise" not in resumed["args"] and resumed["args"]["device"] == "cpu"
+    assert resumed["args"]["threads"] == 1 and resumed["args"]["progress_every"] == 20
     assert "from sparse-lower/seed0's checkpoint at 2" in capsys.readouterr().out
     assert resumed["args"]["reps"] == 2 and resumed["args"]["steps"] == 6  # the new flag's default, the saved flags
     assert [h["step"] for h in resumed["runs"]["sparse-lower/seed0"]["history"]] == [0, 2, 4, 6]
