@@ -507,9 +507,13 @@ def test_the_u_th_draw_is_the_u_th_valid_position_in_order(monkeypatch):
 
 def test_a_key_the_reference_lacks_is_not_paired_and_the_chunk_seeds_never_change():
     """paired_differences compares a model with the reference only at the keys both were measured at. chunk_seed, the
-    noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63: the same seed re-measures the same
-    noise in any later version."""
+    noise seed of each chunk, is a fixed function of (seed, chunk) below 2^63, and chunk c of a measurement with seed s
+    draws its noise from chunk_seed(s, c): the same seed re-measures the same noise in any later version."""
     out = paired_differences({("a", 0): {"0.1": [1.0, 0.0], "0.5": [1.0, 1.0]}, ("b", 0): {"0.1": [0.0, 0.0]}}, "b")
     assert list(out["models"]["a"]["diff"]) == ["0.1"] and out["models"]["a"]["diff"]["0.1"]["mean"] == 0.5
     assert chunk_seed(0, 1) == 0xBF58476D1CE4E5B9 - 2**63 and chunk_seed(1, 0) == 0x9E3779B97F4A7C15 - 2**63
     assert chunk_seed(5, 3) == (5 * 0x9E3779B97F4A7C15 + 3 * 0xBF58476D1CE4E5B9) % 2**63 > 2**62
+    seeds = []  # each chunk's generator, as the perturbation sees it: 8 copies in 4 chunks of 2
+    sensitivity(lambda xb, idx: xb[:, 0], torch.zeros(4, 2, 1),
+                lambda tokens, g: seeds.append(g.initial_seed()) or tokens + 1, batch_size=2, seed=5)
+    assert seeds == [chunk_seed(5, c) for c in range(4)]
