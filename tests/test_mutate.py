@@ -1,5 +1,6 @@
 """tools/mutate.py, the developer's mutation check: each mutant changes one thing in one target function and still
-compiles, every mutant has its own name, and --rerun selects exactly the survivors of a report."""
+compiles, every mutant has its own name, --rerun selects exactly the survivors of a report and --skip leaves out
+every mutant that reports ran."""
 
 import ast
 import json
@@ -115,3 +116,21 @@ def test_neighbouring_arguments_are_swapped_unless_the_call_is_symmetric():
     changed = each_applied(func, found)
     assert "f(b, a, c)" in changed[0] and "f(a, c, b)" in changed[1]
     assert all("max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)" in c for c in changed)
+
+
+def test_skip_leaves_out_every_mutant_the_reports_ran(tmp_path):
+    """--skip with two reports: the mutants either ran, killed or not, are left out, the rest listed in their order
+    (an earlier report, without occurrences, leaves out every occurrence of a change on its line)."""
+    every = listed()
+    line = next(line for _, line, what, k, _ in mutate.mutants("vits.py", ["sincos_2d"])
+                if what == "4 -> 5" and k == 2)
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"mutants": [{"file": "vits.py", "function": "sincos_2d", "line": line,
+                                              "mutation": "4 -> 5", "occurrence": 2, "killed": True}]}))
+    second_four = f"vits.py:{line} sincos_2d: 4 -> 5 (#2 on the line)"
+    assert listed("--skip", str(first)) == [m for m in every if m != second_four]
+    second.write_text(json.dumps({"mutants": [{"file": "vits.py", "function": "sincos_2d", "line": line,
+                                               "mutation": "4 -> 5", "killed": False}]}))
+    left = listed("--skip", str(first), str(second))
+    assert left == [m for m in every if not m.startswith(f"vits.py:{line} sincos_2d: 4 -> 5")]
+    assert len(left) == len(every) - 2

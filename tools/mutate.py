@@ -13,6 +13,7 @@ from minutes to an hour, one pytest run per mutant):
     python tools/mutate.py --files report.py --functions summary claims   # only these functions
     python tools/mutate.py --change "drop seed=" "drop reps="   # only these kinds of change (a text they contain)
     python tools/mutate.py --rerun out/mutate/report.json   # only that report's survivors, after adding tests
+    python tools/mutate.py --change "swap arguments" --skip out/mutate/*.json   # those no report ran yet
 
 It prints each survivor (the bug the tests missed) and the share killed per file, and writes a JSON report.
 Standard library only; no mutation package is needed.
@@ -271,6 +272,13 @@ def run(copy, path, source, tests, timeout):
             fh.write(original)
 
 
+def named(report, survivors=False):
+    """The mutants a JSON report ran (its survivors alone with survivors=True), each named by file, function, line,
+    change and occurrence (None in a report written before occurrences were recorded: every occurrence then)."""
+    return {(r["file"], r["function"], r["line"], r["mutation"], r.get("occurrence"))
+            for r in json.load(open(report))["mutants"] if not (survivors and r["killed"])}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", nargs="+", default=list(TARGETS), choices=list(TARGETS), help="files to mutate")
@@ -283,6 +291,8 @@ def main():
     p.add_argument("--sample", type=int, default=0, help="run only this many mutants drawn at random (0: all)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample draw")
     p.add_argument("--rerun", type=str, default=None, help="run only the mutants that survived in this JSON report")
+    p.add_argument("--skip", nargs="+", default=[], metavar="REPORT", help="leave out every mutant these JSON reports "
+                   "ran, killed or not: the rest of a kind, in pieces (a Ctrl-C still writes the report of its piece)")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
     args = p.parse_args()
     names = {path: [n for n in TARGETS[path][0] if args.functions is None or n in args.functions]
@@ -292,11 +302,11 @@ def main():
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
     todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, names[path])]
     todo = [t for t in todo if args.change is None or any(c in t[3] for c in args.change)]
-    if args.rerun:  # the survivors of an earlier report: a mutant is named by file, function, line, change and
-        # occurrence (a report written before occurrences were recorded names every occurrence of its survivors)
-        survived = {(r["file"], r["function"], r["line"], r["mutation"], r.get("occurrence"))
-                    for r in json.load(open(args.rerun))["mutants"] if not r["killed"]}
+    if args.rerun:  # the survivors of an earlier report
+        survived = named(args.rerun, survivors=True)
         todo = [t for t in todo if t[:5] in survived or (*t[:4], None) in survived]
+    ran = set().union(*(named(report) for report in args.skip))
+    todo = [t for t in todo if t[:5] not in ran and (*t[:4], None) not in ran]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     if args.list:
