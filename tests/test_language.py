@@ -57,6 +57,7 @@ def test_pair_encoding_is_roberta_style_and_truncates():
     assert tok.decode(seq) == ["<s>", "h", "</s>", "</s>", "a", "b", "c", "</s>"]
     ids, y = language.encode([("a b", "c", 1), ("d", "e f g", 0)], tok, 12)
     assert ids.shape == (2, 12) and (ids[:, -1] == language.PAD).all() and y.tolist() == [1, 0]
+    assert tok.decode(ids[1, :8].tolist()) == ["<s>", "d", "</s>", "</s>", "e", "f", "g", "</s>"]  # each in its place
 
 
 def test_trimming_padding_changes_nothing():
