@@ -37,9 +37,11 @@ def pooled_linear():
 
 
 def stand_ins(monkeypatch):
-    """load_model gives a constant "ViT-L/16" and a pooled linear "ConvNeXt-Tiny" in place of torchvision's."""
-    stand_in = {"vit_l_16": Constant(), "convnext_tiny": pooled_linear()}
-    monkeypatch.setattr(imagenet, "load_model", lambda name, random_weights, device: stand_in[name])
+    """load_model gives a constant "ViT-L/16" and a pooled linear "ConvNeXt-Tiny" in place of torchvision's; what it
+    was asked for, (name, random_weights, device), fills the list returned."""
+    stand_in, asked = {"vit_l_16": Constant(), "convnext_tiny": pooled_linear()}, []
+    monkeypatch.setattr(imagenet, "load_model", lambda *a: asked.append(a) or stand_in[a[0]])
+    return asked
 
 
 def fake_imagenet(folder, n=6):
@@ -81,12 +83,16 @@ def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, mo
 
 
 def test_model_chooses_the_models_measured(tmp_path, monkeypatch):
-    """--model takes one model or several: one is measured alone, with no paired difference to give."""
-    stand_ins(monkeypatch)
+    """--model takes one model or several: one is measured alone, with no paired difference to give; each is loaded
+    with --random-weights on the run's device."""
+    asked = stand_ins(monkeypatch)
     base = ["--imagenet-dir", str(fake_imagenet(tmp_path / "imgs")), "--n-sens", "2", "--sens-positions", "2",
             "--out-dir", str(tmp_path / "out")]
     data = imagenet.main(imagenet.parse_args(base + ["--model", "convnext_tiny", "--run-name", "one"]))
     assert list(data["runs"]) == ["convnext_tiny/seed0"] and data["paired"] == {}
+    imagenet.main(imagenet.parse_args(base + ["--model", "convnext_tiny", "--random-weights", "--run-name", "two"]))
+    assert [(name, random_weights, str(device)) for name, random_weights, device in asked] == [
+        ("convnext_tiny", False, "cpu"), ("convnext_tiny", True, "cpu")]
     assert imagenet.parse_args(base + ["--model", "vit_l_16", "convnext_tiny"]).model == ["vit_l_16", "convnext_tiny"]
 
 
