@@ -80,6 +80,8 @@ def test_models_are_paired_per_image_against_the_vit_and_summarised(tmp_path, mo
     claims = capsys.readouterr().out
     assert "[imagenet] imagenet/pretrained (1 seed, 1 folder)\n" in claims
     assert "vit_l_16/seed0 | patch:1 0.0000 +- 0.0000 | patch:100 0.0000 +- 0.0000" in claims
+    s, se = cnn["sens_at"]["patch:100"]["sens"], cnn["sens_at"]["patch:100"]["stderr"]
+    assert f"patch:100 {s:.4f} +- {se:.4f}\n" in claims and f"{s:.4f}" != f"{se:.4f}"  # the mean first
 
 
 def test_model_chooses_the_models_measured(tmp_path, monkeypatch):
