@@ -1134,13 +1134,13 @@ def test_the_vits_have_the_parameters_of_their_papers():
     """Parameter counts by hand: the qkv projection has no bias (as vit-pytorch and the authors' code), LSA adds one
     temperature per block, SPT's LayerNorm and projection read 5 * C * p^2 values per patch, ViT-simple's sin-cos
     positions are a buffer (not learned)."""
-    args = vision.parse_args(["--dataset", "fake28"] + SMALL)  # dim 32, depth 2, 2 heads of 8, MLP 64, patch 4
+    args = vision.parse_args(["--dataset", "fake28"] + SMALL + ["--depth", "3"])  # dim 32, 2 heads of 8, MLP 64
     d, inner, mlp, T, patch = 32, 16, 64, 49, 16  # 7 x 7 patches of 4 x 4 pixels
 
     def blocks(lsa):
         attn = 2 * d + d * 3 * inner + inner * d + d + lsa  # LayerNorm, qkv (no bias), output projection, temperature
         ff = 2 * d + d * mlp + mlp + mlp * d + d
-        return 2 * (attn + ff) + 2 * d  # and the final LayerNorm
+        return 3 * (attn + ff) + 2 * d  # 3 blocks (a depth unlike the 2 heads), and the final LayerNorm
 
     spt = 5 * patch
     vit = 2 * spt + spt * d + d + d + (T + 1) * d + blocks(1) + d * 10 + 10  # SPT, class token, positions, head
