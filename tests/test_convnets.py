@@ -73,6 +73,7 @@ def test_every_forward_pass_is_its_parts():
         img = torch.randn(2, 3, 32, 32)
         resnet = randomised(ResNet18(channels=3, classes=10))
         assert resnet.stem(img).shape == (2, 64, 32, 32)  # the stem keeps the resolution (padded, stride 1)
+        assert [type(m) for m in resnet.stem] == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU]  # torchvision's conv1, bn1, relu
         features = resnet.blocks(resnet.stem(img))
         assert features.shape == (2, 512, 4, 4)
         assert torch.allclose(resnet(img), resnet.head(features.mean((2, 3))), atol=1e-5)
