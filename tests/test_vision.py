@@ -681,13 +681,14 @@ def test_a_stopped_or_one_model_folder_prints_what_finished(tmp_path, capsys):
 
 def test_scattered_mask_is_p_squared_pixels_shared_by_the_batch():
     """The authors' mask: per draw p^2 (row, column) pairs with replacement; every copy of the batch has noise on
-    exactly those pixels (all channels), so as many as there are distinct pairs, at most p^2."""
+    exactly those pixels (all channels), so as many as there are distinct pairs, at most p^2. Images of 24 x 32, so
+    that a mask laid out W x H shows."""
     g = torch.Generator().manual_seed(0)
-    images = torch.zeros(5, 3, 32, 32)
+    images = torch.zeros(5, 3, 24, 32)
     copies, masks = vision.scattered_copies(images, 4, 1.0, 6, g)
-    assert copies.shape == (30, 3, 32, 32) and masks.shape == (6, 32, 32)
+    assert copies.shape == (30, 3, 24, 32) and masks.shape == (6, 24, 32)
     g = torch.Generator().manual_seed(0)
-    rows, cols = torch.randint(32, (6, 16), generator=g), torch.randint(32, (6, 16), generator=g)
+    rows, cols = torch.randint(24, (6, 16), generator=g), torch.randint(32, (6, 16), generator=g)
     for d in range(6):
         distinct = len(set(zip(rows[d].tolist(), cols[d].tolist())))
         assert masks[d].sum() == distinct <= 16
