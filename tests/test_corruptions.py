@@ -553,8 +553,9 @@ def test_corrupt_and_the_release_checks_refuse_malformed_input(tmp_path, monkeyp
     for rows, labels, message in [(20, 15, "for 15 labels"), (22, 22, "expected 5 severity blocks")]:
         np.save(tmp_path / "fog.npy", np.zeros((rows, 32, 32, 3), dtype=np.uint8))
         np.save(tmp_path / "labels.npy", np.zeros(labels, np.uint8))
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=message) as e:
             C.read_release(str(tmp_path), "fog", 1)
+        assert str(e.value).startswith(f"{tmp_path / 'fog'}.npy has shape")  # the file's path
     np.save(tmp_path / "fog.npy", np.zeros((20, 32, 32, 3), dtype=np.uint8))
     np.save(tmp_path / "labels.npy", np.arange(20, dtype=np.uint8))
     with pytest.raises(ValueError, match="n must be None"):

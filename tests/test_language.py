@@ -71,6 +71,16 @@ def test_trimming_padding_changes_nothing():
         assert torch.allclose(model(tokens), model(language.trim(tokens)), atol=1e-5)
 
 
+def test_the_transformers_split_the_width_into_heads_unless_dim_head_says():
+    """--dim 32 --heads 4: 4 heads of 8 in each of --depth 2 blocks; --dim-head 16 makes them 4 heads of 16."""
+    for extra, dim_head in [([], 8), (["--dim-head", "16"], 16)]:
+        args = language.parse_args(["--dim", "32", "--heads", "4", "--depth", "2"] + extra)
+        for name in ["roberta", "gpt2"]:
+            model = language.build_model(name, "softmax", 50, args)
+            blocks = [b for b in model.modules() if isinstance(b, language.Block)]
+            assert [(b.heads, b.dim_head) for b in blocks] == [(4, dim_head)] * 2, name
+
+
 @pytest.mark.parametrize("name,attn", [("roberta", "softmax"), ("roberta", "relu"), ("gpt2", "softmax"),
                                        ("lstm", "softmax")])
 def test_models_ignore_padding(name, attn):

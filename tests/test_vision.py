@@ -1147,7 +1147,17 @@ def test_the_vits_have_the_parameters_of_their_papers():
     vit = 2 * spt + spt * d + d + d + (T + 1) * d + blocks(1) + d * 10 + 10  # SPT, class token, positions, head
     simple = 2 * patch + patch * d + d + 2 * d + blocks(0) + d * 10 + 10  # embedding's two LayerNorms and linear map
     for name, want in [("vit", vit), ("vit-simple", simple)]:
-        assert sum(p.numel() for p in vision.build_model(name, args, 1, 28, 10).parameters()) == want, name
+        model = vision.build_model(name, args, 1, 28, 10)
+        assert sum(p.numel() for p in model.parameters()) == want, name
+        assert [m.heads for m in model.modules() if isinstance(m, vits.Attention)] == [2] * 3, name  # not 8 of 2
+
+
+def test_the_vit_mlp_is_layernorm_linear_gelu_linear():
+    """FeedForward by hand, in eval mode: fc2(GELU(fc1(LayerNorm(x))))."""
+    ff = vits.FeedForward(8, 16, 0.5).eval()
+    fc1, fc2 = [m for m in ff.net if isinstance(m, nn.Linear)]
+    x = torch.randn(3, 5, 8)
+    assert torch.allclose(ff(x), fc2(F.gelu(fc1(F.layer_norm(x, (8,))))), atol=1e-6)
 
 
 def test_convmixer_takes_the_patch_size_and_during_training_the_sampled_positions(monkeypatch):
