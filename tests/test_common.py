@@ -219,12 +219,12 @@ def test_replace_draws_rows_of_the_vocabulary():
 
 
 def test_patchify_layout_and_round_trip():
-    images = torch.randn(5, 2, 12, 8)  # a batch, channels, rows and columns of patches all of different sizes
+    images = torch.randn(5, 3, 24, 8)  # batch 5, 3 channels, 6 x 2 patches of 4 x 4: no two sizes equal
     tokens = patchify(images, 4)
-    assert tokens.shape == (5, 6, 2 * 16)
+    assert tokens.shape == (5, 12, 3 * 16)
     assert torch.equal(tokens[:, 0], images[:, :, :4, :4].flatten(1))  # top-left patch first
     assert torch.equal(tokens[:, 1], images[:, :, :4, 4:8].flatten(1))  # then along the row
-    assert torch.equal(unpatchify(tokens, 4, (2, 12, 8)), images)
+    assert torch.equal(unpatchify(tokens, 4, (3, 24, 8)), images)
 
 
 @pytest.mark.parametrize("call", [
