@@ -2,6 +2,7 @@
 code 2, a diverged run exit code 3 with its metrics.json kept and marked, Ctrl-C exit code 130 with the metrics so far,
 corrupt data files named with their problem, and one vocabulary of flags."""
 
+import hashlib
 import json
 import os
 import re
@@ -288,6 +289,12 @@ def test_a_damaged_cifar10_or_svhn_file_is_named(tmp_path):
     assert corrupt_file(CIFAR10, str(tmp_path)) is None and corrupt_file(SVHN, str(tmp_path)) is None
     batches = tmp_path / "cifar-10-batches-py"
     batches.mkdir()
+
+    class Intact(CIFAR10):  # one batch file whose published MD5 sum is that of our bytes: it passes
+        train_list, test_list = [["data_batch_1", hashlib.md5(b"intact").hexdigest()]], []
+    (batches / "data_batch_1").write_bytes(b"intact")
+    assert corrupt_file(Intact, str(tmp_path)) is None
+    (batches / "data_batch_1").unlink()  # not CIFAR-10's own data_batch_1
     (batches / "data_batch_3").write_bytes(b"cut short")
     assert corrupt_file(CIFAR10, str(tmp_path)) == (str(batches / "data_batch_3"), "its MD5 checksum is not the "
                                                     "published one (a truncated or altered file)")
