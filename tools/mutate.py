@@ -279,6 +279,11 @@ def named(report, survivors=False):
             for r in json.load(open(report))["mutants"] if not (survivors and r["killed"])}
 
 
+def among(mutant, names):
+    """Whether a listed mutant is one of `named`'s: by its occurrence, or by every occurrence (None)."""
+    return mutant[:5] in names or (*mutant[:4], None) in names
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", nargs="+", default=list(TARGETS), choices=list(TARGETS), help="files to mutate")
@@ -304,9 +309,9 @@ def main():
     todo = [t for t in todo if args.change is None or any(c in t[3] for c in args.change)]
     if args.rerun:  # the survivors of an earlier report
         survived = named(args.rerun, survivors=True)
-        todo = [t for t in todo if t[:5] in survived or (*t[:4], None) in survived]
+        todo = [t for t in todo if among(t, survived)]
     ran = set().union(*(named(report) for report in args.skip))
-    todo = [t for t in todo if t[:5] not in ran and (*t[:4], None) not in ran]
+    todo = [t for t in todo if not among(t, ran)]
     if 0 < args.sample < len(todo):  # a uniform draw, kept in file order
         todo = [todo[i] for i in sorted(random.Random(args.sample_seed).sample(range(len(todo)), args.sample))]
     if args.list:
