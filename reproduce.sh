@@ -12,9 +12,10 @@
 # another reproduce.sh, leaves the merge unmade and says so). A run whose folder holds .done is skipped; one that was
 # stopped (Ctrl-C, SIGTERM, kill -9, a reboot) is resumed with --resume from its last checkpoint, so the reproduction
 # can run in pieces across days and ends with the numbers of an uninterrupted one. --data DIR holds the datasets as
-# torchvision and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ (cpu); also cifar-10-batches-py/,
-# train_32x32.mat and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder), CIFAR-10-C/, frost/ (the
-# six frost textures) where present (gpu).
+# torchvision and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ and frost/ (the six frost textures of
+# github.com/hendrycks/robustness, ImageNet-C/create_c/; without them the robustness row leaves frost out) (cpu); also
+# cifar-10-batches-py/, train_32x32.mat and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder),
+# CIFAR-10-C/ where present (gpu).
 [ -n "${BASH_VERSION:-}" ] || { echo "reproduce.sh: run it with bash (bash reproduce.sh ...), not sh" >&2; exit 2; }
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -400,7 +401,8 @@ do_qqp() {
 row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy, sharpness (3 seeds; gpu: Fig. 9 too)"
 do_robustness() {
   local frost="" c
-  [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost, so no frost corruption"
+  [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost (the six" \
+    "frost textures of github.com/hendrycks/robustness, ImageNet-C/create_c/): corruption means over 14, not the README's 15"
   c="$fmnist --model vit --n-train 3000 --eval-every 5 --depth 4 --heads 4 --dim-head 16 --patch-size 7 --sigma 1
     --n-corrupt 2000 --n-sens 2000 $needed $frost"
   if have fashionmnist; then
