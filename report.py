@@ -294,8 +294,13 @@ def robustness_summary(data):
         print(f"{label} ({seeds(len(finals))}) | " + " | ".join(
             f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
             ((k, out[label][k]) for k in keys if k in out[label])))
-    pts = [(f["sens"], f["mean_corruption_acc"]) for finals in robustness_groups(data).values() for f in finals
-           if f.get("mean_corruption_acc") is not None]
+    every = [f for finals in robustness_groups(data).values() for f in finals
+             if f.get("mean_corruption_acc") is not None]  # none: only the extra corruptions were measured
+    measured = [f.get("standard_measured", 15) for f in every]
+    if any(n < 15 for n in measured):  # e.g. frost left out for want of its textures: not RobustBench's mean
+        print(f"note: mean_corruption_acc is over {' or '.join(str(n) for n in sorted(set(measured)))} of the 15 "
+              f"standard corruptions ({sum(n < 15 for n in measured)} of {len(measured)} runs measured fewer)")
+    pts = [(f["sens"], f["mean_corruption_acc"]) for f in every]
     if len(pts) > 2:
         pts = np.array(pts).T
         r = float(np.corrcoef(pts)[0, 1]) if pts.std(1).min() > 0 else None  # undefined if either is constant

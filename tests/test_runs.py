@@ -921,9 +921,24 @@ def test_robustness_summary_means_standard_errors_and_correlation(capsys):
     printed = capsys.readouterr().out
     assert "a (2 seeds) | sens 0.2000 +- 0.1000" in printed and "b (1 seed) | sens 0.5000 |" in printed
     assert "sensitivity vs mean corruption accuracy over 3 models and seeds: Pearson r = -1.000" in printed
+    assert "note:" not in printed  # no standard_measured: all 15, as before robustness.py recorded it
     flat = {"script": "robustness", "runs": dict(robustness_run("a", s, 0.25, a) for s, a in enumerate([.9, .7, .5]))}
     assert report.robustness_summary(flat)["correlation_sens_vs_corruption_acc"] == {"pearson_r": None, "points": 3}
     assert "Pearson r = undefined (one of them is constant)" in capsys.readouterr().out
+
+
+def test_robustness_summary_says_when_a_mean_is_over_fewer_than_the_15_corruptions(capsys):
+    """A run that left corruptions out (frost, without its textures) has a mean corruption accuracy over fewer than
+    the 15 of the paper and RobustBench: the summary says over how many, and in how many runs."""
+    data = {"script": "robustness", "runs": dict([robustness_run("a", 0, 0.1, 0.9, standard_measured=14),
+                                                  robustness_run("a", 1, 0.3, 0.7, standard_measured=15),
+                                                  robustness_run("b", 0, 0.5, 0.5, standard_measured=14)])}
+    report.robustness_summary(data)
+    assert "note: mean_corruption_acc is over 14 or 15 of the 15 standard corruptions (2 of 3 runs measured fewer)" \
+        in capsys.readouterr().out
+    data["runs"]["a/seed1"]["final"]["standard_measured"] = 14
+    report.robustness_summary(data)
+    assert "is over 14 of the 15 standard corruptions (3 of 3 runs measured fewer)" in capsys.readouterr().out
 
 
 def test_the_robustness_claim_pairs_reg_with_vanilla_by_seed_and_skips_what_was_not_measured(capsys):
