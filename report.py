@@ -280,12 +280,20 @@ def robustness_groups(data):
             if any(r["final"].get("corruption_acc") for r in rs)}
 
 
+def measured_means(groups):
+    """(final, over how many of the 15 standard corruptions its mean corruption accuracy is) of every run of
+    robustness_groups() that has that mean (none: only the extra corruptions were measured; 15 in runs recorded
+    before robustness.py counted them)."""
+    return [(f, f.get("standard_measured", 15)) for finals in groups.values() for f in finals
+            if f.get("mean_corruption_acc") is not None]
+
+
 def robustness_summary(data):
     """Per model: mean +- s.e. over seeds of the final numbers; and the correlation of sensitivity with mean
     corruption accuracy over every model and seed."""
     keys = ["train_acc", "test_acc", "sens", "clean_acc", "mean_corruption_acc", "mean_extra_acc", "shop", "shpred"]
-    out = {}
-    for label, finals in robustness_groups(data).items():
+    out, groups = {}, robustness_groups(data)
+    for label, finals in groups.items():
         out[label] = {"seeds": len(finals)}
         for k in keys:
             v = np.array([f[k] for f in finals if f.get(k) is not None], dtype=float)
@@ -294,13 +302,12 @@ def robustness_summary(data):
         print(f"{label} ({seeds(len(finals))}) | " + " | ".join(
             f"{k} {m:.4f}" + (f" +- {s:.4f}" if s is not None else "") for k, (m, s) in
             ((k, out[label][k]) for k in keys if k in out[label])))
-    every = [f for finals in robustness_groups(data).values() for f in finals
-             if f.get("mean_corruption_acc") is not None]  # none: only the extra corruptions were measured
-    measured = [f.get("standard_measured", 15) for f in every]
+    every = measured_means(groups)
+    measured = [n for _, n in every]
     if any(n < 15 for n in measured):  # e.g. frost left out for want of its textures: not RobustBench's mean
         print(f"note: mean_corruption_acc is over {' or '.join(str(n) for n in sorted(set(measured)))} of the 15 "
               f"standard corruptions ({sum(n < 15 for n in measured)} of {len(measured)} runs measured fewer)")
-    pts = [(f["sens"], f["mean_corruption_acc"]) for f in every]
+    pts = [(f["sens"], f["mean_corruption_acc"]) for f, _ in every]
     if len(pts) > 2:
         pts = np.array(pts).T
         r = float(np.corrcoef(pts)[0, 1]) if pts.std(1).min() > 0 else None  # undefined if either is constant
@@ -839,8 +846,7 @@ def draw_robustness(data, folder, plt):
     ax.set_ylabel("test accuracy (mean over severities)")
     legend(ax)
     paths = [save_figure(fig, f"{folder}/corruptions.png")]
-    standard = [f.get("standard_measured", 15) for finals in groups.values() for f in finals
-                if f.get("mean_corruption_acc") is not None]  # none: only the extra corruptions were measured
+    standard = [n for _, n in measured_means(groups)]
     if standard:
         fig, ax = plt.subplots(figsize=(5, 4))
         for i, (label, finals) in enumerate(groups.items()):
