@@ -504,6 +504,13 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     # a block that the rerun lacks (its merge not made yet) is one line
     assert claims_cpu.compare(old, new[:4])[5] == ["vision/a | vit (3 seeds) | 1: epoch 45 -> epoch 50",
                                                    "vision/b: not in OUT"]
+    # several lines of one label (datascale's sizes): each is paired with its own, not the block's last of that label
+    old = ["[row] vision/s (9 folders)", "3000 images | mlp - vit | patch:0.1 -0.0060 +- 0.0006 (3 seeds)",
+           "3000 images | cnn - vit | patch:0.1 -0.0074 +- 0.0008 (3 seeds)"]
+    new = [old[0], old[1].replace("-0.0060", "-0.0010"), old[2]]
+    n, same, one, two, far, changed, added = claims_cpu.compare(old, new)
+    assert (n, same, two, added, changed) == (2, 1, 1, 0, [])
+    assert far == ["vision/s | 3000 images | mlp - vit | patch:0.1: -0.006 +- 0.0006 -> -0.001 +- 0.0006 (z = 5.9)"]
     # both errors 0: any difference is infinitely far
     assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]
 

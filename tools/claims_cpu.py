@@ -47,18 +47,26 @@ PAIR = re.compile(r"^(.*?)\s*([-+]?\d+(?:\.\d+)?) \+- (\d+(?:\.\d+)?)")  # "patc
 
 def numbers(lines):
     """{(block header, line label, key): (mean, s.e.) or the segment's text} of a row's claims lines: a line is
-    'label | key value +- s.e. | ...'; a segment without a standard error is kept as text, compared as it is."""
-    out, header = {}, ""
+    'label | key value +- s.e. | ...'; a segment without a standard error is kept as text, compared as it is. Where
+    a block has several lines of one label (datascale's '3000 images | mlp - vit | ...'), the label takes the line's
+    first segment too, so that no line's numbers stand in for another's."""
+    out, blocks = {}, [("", [])]
     for line in lines:
-        if HEADER.match(line):
-            header = line.split(" ", 1)[1].split(" (")[0]  # the merged folder: a row may have several blocks
-            continue
-        label, *segments = line.split(" | ")
-        for i, seg in enumerate(segments):
-            if m := PAIR.match(seg):
-                out[header, label, m[1] or str(i)] = (float(m[2]), float(m[3]))
-            else:
-                out[header, label, str(i)] = seg
+        if HEADER.match(line):  # the merged folder names the block: a row may have several
+            blocks.append((line.split(" ", 1)[1].split(" (")[0], []))
+        else:
+            blocks[-1][1].append(line)
+    for header, block in blocks:
+        labels = [line.split(" | ")[0] for line in block]
+        for line in block:
+            label, *segments = line.split(" | ")
+            if labels.count(label) > 1 and segments:
+                label += " | " + segments[0]
+            for i, seg in enumerate(segments):
+                if m := PAIR.match(seg):
+                    out[header, label, m[1] or str(i)] = (float(m[2]), float(m[3]))
+                else:
+                    out[header, label, str(i)] = seg
     return out
 
 
