@@ -515,6 +515,22 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]
 
 
+def test_claims_against_reads_the_claims_an_older_commit_stored():
+    """--compare --against REV pairs a rerun with the claims stored at a commit (the run that a rerun replaced), not
+    with today's; a revision that does not hold them, or --against without --compare or --check, is one clear line."""
+    added = subprocess.run(["git", "log", "--format=%H", "--diff-filter=A", "--", "tests/claims_cpu.txt"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.split()
+    if not added:
+        pytest.skip("no git history of tests/claims_cpu.txt here (not a clone, or a shallow one)")
+    first, today = claims_cpu.blocks(claims_cpu.stored(added[-1]))[1], claims_cpu.blocks(claims_cpu.stored())[1]
+    assert first and set(first) < set(today)  # the first stored claims held two rows
+    with pytest.raises(SystemExit, match="--against no-such-rev: no tests/claims_cpu.txt there"):
+        claims_cpu.stored("no-such-rev")
+    got = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "claims_cpu.py"), "out", "--against", "HEAD"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert got.returncode == 1 and got.stderr.strip().endswith("use it with --check or --compare (it writes nothing)")
+
+
 def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """`python tools/claims_cpu.py OUT --compare`: one summary line per row of OUT and its moves, nothing written."""
     stored = tmp_path / "claims.txt"

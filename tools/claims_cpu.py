@@ -7,6 +7,7 @@ was. The README's claims table quotes these numbers; tests/test_reproduce.py che
     python tools/claims_cpu.py out                     # after bash reproduce.sh cpu --only ROW[,ROW] --out out
     python tools/claims_cpu.py out --check             # say which rows would change, write nothing
     python tools/claims_cpu.py out --compare           # how far each number moved, in standard errors; write nothing
+    python tools/claims_cpu.py out --compare --against 39ea343^   # against the claims stored at that commit
     python tools/claims_cpu.py out --rows converged,mechanism   # those rows alone (OUT holds others' runs too)
 
 --compare pairs every "mean +- s.e." of OUT's rows with the stored one of the same block, line and key, and counts
@@ -70,6 +71,16 @@ def numbers(lines):
     return out
 
 
+def stored(rev=None):
+    """The stored claims text: tests/claims_cpu.txt as it is, or as it was at git revision rev (an older run's)."""
+    if rev is None:
+        return open(FILE).read() if os.path.exists(FILE) else ""
+    got = subprocess.run(["git", "show", f"{rev}:tests/claims_cpu.txt"], cwd=ROOT, capture_output=True, text=True)
+    if got.returncode:
+        sys.exit(f"claims_cpu.py: --against {rev}: no tests/claims_cpu.txt there ({got.stderr.strip()})")
+    return got.stdout
+
+
 def rows_of(claims):
     """The rows of a claims text, in its order (report.py's)."""
     return list(dict.fromkeys(m[1] for line in claims.splitlines() if (m := HEADER.match(line))))
@@ -107,12 +118,16 @@ def main():
     p.add_argument("--check", action="store_true", help="print the rows that would change; write nothing")
     p.add_argument("--compare", action="store_true", help="print how far each number moved from the stored one, in "
                    "combined standard errors; write nothing")
+    p.add_argument("--against", metavar="REV", help="with --check or --compare: the claims stored at git revision REV "
+                   "(an older run's, e.g. the commit before a rerun replaced them) in place of today's")
     p.add_argument("--rows", type=lambda s: s.split(","), default=None, help="ROW[,ROW]: these rows alone, every "
                    "other row's block kept as stored (default: every row that OUT holds)")
     args = p.parse_args()
+    if args.against is not None and not (args.check or args.compare):
+        sys.exit("claims_cpu.py: --against reads older claims; use it with --check or --compare (it writes nothing)")
     fresh = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), "--claims", args.out], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
-    notes, kept = blocks(open(FILE).read()) if os.path.exists(FILE) else ([], {})
+    notes, kept = blocks(stored(args.against))
     _, new = blocks(fresh)
     rows = rows_of(fresh)
     if args.rows is not None:
