@@ -518,7 +518,7 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
 def test_claims_against_reads_the_claims_an_older_commit_stored():
     """--compare --against REV pairs a rerun with the claims stored at a commit (the run that a rerun replaced), not
     with today's; a revision that does not hold them, or --against without --compare or --check, is one clear line."""
-    added = subprocess.run(["git", "log", "--format=%H", "--diff-filter=A", "--", "tests/claims_cpu.txt"], cwd=ROOT,
+    added = subprocess.run(["git", "log", "--format=%H", "--diff-filter=A", "--", CPU_CLAIMS], cwd=ROOT,
                            capture_output=True, text=True).stdout.split()
     if not added:
         pytest.skip("no git history of tests/claims_cpu.txt here (not a clone, or a shallow one)")

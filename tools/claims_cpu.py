@@ -75,9 +75,10 @@ def stored(rev=None):
     """The stored claims text: tests/claims_cpu.txt as it is, or as it was at git revision rev (an older run's)."""
     if rev is None:
         return open(FILE).read() if os.path.exists(FILE) else ""
-    got = subprocess.run(["git", "show", f"{rev}:tests/claims_cpu.txt"], cwd=ROOT, capture_output=True, text=True)
+    path = os.path.relpath(FILE, ROOT).replace(os.sep, "/")  # git's name of the file
+    got = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
     if got.returncode:
-        sys.exit(f"claims_cpu.py: --against {rev}: no tests/claims_cpu.txt there ({got.stderr.strip()})")
+        sys.exit(f"claims_cpu.py: --against {rev}: no {path} there ({got.stderr.strip()})")
     return got.stdout
 
 
