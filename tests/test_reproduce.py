@@ -513,22 +513,62 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     assert far == ["vision/s | 3000 images | mlp - vit | patch:0.1: -0.006 +- 0.0006 -> -0.001 +- 0.0006 (z = 5.9)"]
     # both errors 0: any difference is infinitely far
     assert claims_cpu.compare(["x | k 1.0 +- 0.0"], ["x | k 1.5 +- 0.0"])[4] == ["x | k: 1 +- 0 -> 1.5 +- 0 (z = inf)"]
+    # z = 0.7 is within 1; z = 2.5 is beyond 2 (listed); the same number with no error is as stored, not far
+    n, same, one, two, far, *_ = claims_cpu.compare(["x | a 1.0 +- 0.1 | b 1.0 +- 0.1 | c 2.0 +- 0.0"],
+                                                    ["x | a 1.1 +- 0.1 | b 1.354 +- 0.1 | c 2.0 +- 0.0"])
+    assert (n, same, one, two, far) == (3, 1, 2, 2, ["x | b: 1 +- 0.1 -> 1.354 +- 0.1 (z = 2.5)"])
+    # '#' lines are notes wherever they stand; a row that report.py says was not run holds no block
+    assert claims_cpu.blocks("# a\n[r] x/y (1 seed)\nl | k 1 +- 0\n# b\n[s] x/z: not run\n") == (
+        ["# a", "# b"], {"r": ["[r] x/y (1 seed)", "l | k 1 +- 0"]})
 
 
-def test_claims_against_reads_the_claims_an_older_commit_stored():
+def test_claims_tool_help_shows_its_examples_and_every_flag(monkeypatch, capsys):
+    """`python tools/claims_cpu.py --help`: the docstring's examples as written, and each flag with its help."""
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", "--help"])
+    with pytest.raises(SystemExit, match="^0$"):
+        claims_cpu.main()
+    out = capsys.readouterr().out
+    example = "    python tools/claims_cpu.py out --check             # say which rows would change, write nothing"
+    assert f"\n{example}\n" in out  # as the docstring has it, not rewrapped
+    for flag in [r"out\s+the output folder of bash reproduce.sh cpu", r"--check\s+print the rows that would change",
+                 r"--compare\s+print how far each number moved", r"--against REV\s+with --check or --compare: the",
+                 r"--rows ROWS\s+ROW\[,ROW\]: these rows alone"]:
+        assert re.search(flag, out), flag
+
+
+def test_claims_against_reads_the_claims_an_older_commit_stored(tmp_path, monkeypatch):
     """--compare --against REV pairs a rerun with the claims stored at a commit (the run that a rerun replaced), not
-    with today's; a revision that does not hold them, or --against without --compare or --check, is one clear line."""
+    with today's, whichever folder it runs from."""
     added = subprocess.run(["git", "log", "--format=%H", "--diff-filter=A", "--", CPU_CLAIMS], cwd=ROOT,
                            capture_output=True, text=True).stdout.split()
     if not added:
         pytest.skip("no git history of tests/claims_cpu.txt here (not a clone, or a shallow one)")
+    monkeypatch.chdir(tmp_path)
     first, today = claims_cpu.blocks(claims_cpu.stored(added[-1]))[1], claims_cpu.blocks(claims_cpu.stored())[1]
     assert first and set(first) < set(today)  # the first stored claims held two rows
-    with pytest.raises(SystemExit, match="--against no-such-rev: no tests/claims_cpu.txt there"):
+
+
+def test_claims_against_without_compare_or_an_unknown_revision_is_one_line(tmp_path, monkeypatch, capsys):
+    """--against without --compare or --check, or a revision that does not hold the claims (or no git history at
+    all), is one clear line; with --compare or --check it reads the claims of that revision, and writes nothing."""
+    with pytest.raises(SystemExit, match="^claims_cpu.py: --against no-such-rev: no tests/claims_cpu.txt there"):
         claims_cpu.stored("no-such-rev")
-    got = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "claims_cpu.py"), "out", "--against", "HEAD"],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert got.returncode == 1 and got.stderr.strip().endswith("use it with --check or --compare (it writes nothing)")
+    stored = tmp_path / "claims.txt"
+    stored.write_text("[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001\n")
+    fresh = "[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.995 +- 0.001\n"
+    monkeypatch.setattr(claims_cpu, "FILE", str(stored))
+    monkeypatch.setattr(claims_cpu.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, fresh, ""))
+    monkeypatch.setattr(claims_cpu, "stored", lambda rev=None: {"REV": fresh}[rev])  # REV stored the fresh numbers
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--against", "REV"])
+    with pytest.raises(SystemExit, match="^claims_cpu.py: --against reads older claims; use it with --check or "
+                                         "--compare \\(it writes nothing\\)$"):
+        claims_cpu.main()
+    for flag in ["--compare", "--check"]:
+        monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), flag, "--against", "REV"])
+        claims_cpu.main()
+        assert capsys.readouterr().out.splitlines()[0] == f"rows from {tmp_path}: row | changed: none"
+    assert stored.read_text().endswith("0.990 +- 0.001\n")  # nothing written
 
 
 def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -537,20 +577,36 @@ def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch
     stored.write_text("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001 | epoch 45\n")
     fresh = ("[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.999 +- 0.001 | epoch 45\n"
              "[new] x/y (1 seed)\nz | k 1 +- 0\n")
+    calls = []
+
+    def run(*a, **k):  # report.py --claims OUT, as the tool runs it
+        calls.append((a, k))
+        return subprocess.CompletedProcess(a, 0, fresh, "")
+
     monkeypatch.setattr(claims_cpu, "FILE", str(stored))
-    monkeypatch.setattr(claims_cpu.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, fresh, ""))
-    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--compare"])
+    monkeypatch.setattr(claims_cpu.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)  # OUT is a folder of the user's, as they name it from where they are
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", "runs", "--compare"])
     claims_cpu.main()
+    assert calls == [(([sys.executable, os.path.join(ROOT, "report.py"), "--claims", str(tmp_path / "runs")],),
+                      {"cwd": ROOT, "capture_output": True, "text": True, "check": True})]
     out = capsys.readouterr().out.splitlines()
-    assert out[1:] == ["[row] 1 numbers with a standard error: 0 as stored, 0 within 1 s.e., 0 within 2; 0 other "
-                       "changes", "  vision/a | vit (3 seeds) | train acc: 0.99 +- 0.001 -> 0.999 +- 0.001 (z = 6.4)",
-                       "[new] not stored yet"]
-    assert stored.read_text().startswith("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990")
+    assert out == ["rows from runs: row, new | changed: row, new",
+                   "[row] 1 numbers with a standard error: 0 as stored, 0 within 1 s.e., 0 within 2; 0 other "
+                   "changes", "  vision/a | vit (3 seeds) | train acc: 0.99 +- 0.001 -> 0.999 +- 0.001 (z = 6.4)",
+                   "[new] not stored yet"]
+    before = stored.read_text()
+    assert before.startswith("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990")
+    # --check: the rows that would change, nothing written
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", "runs", "--check"])
+    claims_cpu.main()
+    assert capsys.readouterr().out == "rows from runs: row, new | changed: row, new\n" and stored.read_text() == before
     # --rows: the chosen rows alone are written; a row that is not one is refused in one line
     monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--rows", "new"])
     claims_cpu.main()
     assert stored.read_text() == ("# notes\n[row] vision/a (3 seeds)\nvit (3 seeds) | train acc 0.990 +- 0.001 | "
                                   "epoch 45\n[new] x/y (1 seed)\nz | k 1 +- 0\n")
+    assert capsys.readouterr().out == f"rows from {tmp_path}: new | changed: new\nwrote {stored}\n"
     monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path), "--rows", "row,nope"])
     with pytest.raises(SystemExit, match="^claims_cpu.py: no row nope \\(rows: row, new\\)$"):
         claims_cpu.main()

@@ -58,7 +58,7 @@ TARGETS = {
                 # robustness: parse_with; test_scale: torchrun and --resume
                 ["tests/test_runs.py", "tests/test_cli.py", "tests/test_robustness.py", "tests/test_scale.py"]),
     "report.py": (["identity", "crossovers", "mean_curve", "at_train_accuracy", "phases", "vision_paired",
-                   "language_paired", "robustness_summary", "merge",
+                   "language_paired", "robustness_summary", "merge", "measured_means",
                    # what prints the claims table's numbers (report.py --claims)
                    "over_seeds", "pm", "paired_text", "own_numbers", "matched_accuracy", "end_point", "spearman",
                    "plateau", "profile_windows", "through_training", "parity_summary", "paired_lines", "summary",
@@ -129,6 +129,15 @@ TARGETS = {
                    "ParityTransformer.embed", "ParityTransformer.forward", "main", "setting", "all_inputs",
                    "parse_args"],
                   ["tests/test_parity.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
+    # what says whether a rerun's numbers moved beyond their standard errors (its tests alone: not the smoke run)
+    "tools/claims_cpu.py": (["blocks", "numbers", "stored", "rows_of", "compare", "main"],
+                            [f"tests/test_reproduce.py::test_{name}" for name in [
+                                "every_number_of_the_readme_table_is_in_the_claims_of_its_rows",
+                                "claims_compare_counts_how_far_each_number_moved_in_standard_errors",
+                                "claims_against_reads_the_claims_an_older_commit_stored",
+                                "claims_against_without_compare_or_an_unknown_revision_is_one_line",
+                                "claims_compare_prints_each_row_and_writes_nothing",
+                                "claims_tool_help_shows_its_examples_and_every_flag"]]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
