@@ -129,6 +129,9 @@ TARGETS = {
                    "ParityTransformer.embed", "ParityTransformer.forward", "main", "setting", "all_inputs",
                    "parse_args"],
                   ["tests/test_parity.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
+    # the baselines that bench.py's speed-ups divide by, and how it times them (the figures its issues quote)
+    "bench.py": (["timed_rounds", "median", "naive_sensitivity", "bench_estimator", "epoch_on_device",
+                  "bench_training", "reserve", "main"], ["tests/test_bench.py"]),
     # what says whether a rerun's numbers moved beyond their standard errors (its tests alone: not the smoke run)
     "tools/claims_cpu.py": (["blocks", "numbers", "stored", "rows_of", "compare", "main"],
                             [f"tests/test_reproduce.py::test_{name}" for name in [
