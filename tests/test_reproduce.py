@@ -4,6 +4,7 @@ script accepts; a row whose data is missing is skipped with one line, and `sh re
 bash); and a rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
 
 import importlib
+import json
 import os
 import re
 import shlex
@@ -23,6 +24,7 @@ import corruptions as C
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import claims_cpu  # noqa: E402  (tools/claims_cpu.py --compare)
+import same_numbers as same_numbers_tool  # noqa: E402  (tools/same_numbers.py, the refactor check)
 EXPECTED = os.path.join(ROOT, "tests", "claims_smoke.txt")
 ROWS = ["synthetic", "fig12", "vision3k", "converged", "vitsize", "datascale", "mechanism", "mnist01", "fig4",
         "imagenet", "parity", "grokking", "mrpc", "mrpcglue", "qqp", "robustness"]
@@ -520,6 +522,23 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
     # '#' lines are notes wherever they stand; a row that report.py says was not run holds no block
     assert claims_cpu.blocks("# a\n[r] x/y (1 seed)\nl | k 1 +- 0\n# b\n[s] x/z: not run\n") == (
         ["# a", "# b"], {"r": ["[r] x/y (1 seed)", "l | k 1 +- 0"]})
+
+
+def test_same_numbers_compares_every_value_and_names_what_changed():
+    """tools/same_numbers.py's compare, which says a refactor changed no number: every value of the run before is in
+    the run after, unchanged, at any depth; wall times and arguments are not compared; new keys are listed apart."""
+    before = {"runs": {"vit/seed0": {"final": {"sens": 0.25, "acc": [0.5, 0.75]}, "seconds": 3.0}}, "args": {"lr": 1},
+              "script": "vision"}
+    assert same_numbers_tool.compare(before, json.loads(json.dumps(before))) == ([], [])
+    after = {"runs": {"vit/seed0": {"final": {"sens": 0.25, "acc": [0.5, 0.74], "extra": 1}, "seconds": 9.0}},
+             "args": {"lr": 2}, "time": 5.0}
+    assert same_numbers_tool.compare(before, after) == (["/runs/vit/seed0/final/acc[1]: 0.75 -> 0.74", "/script: lost"],
+                                                        ["/runs/vit/seed0/final/extra"])
+    assert same_numbers_tool.compare({"h": [1, 2]}, {"h": [1, 2, 3]}) == (["/h: [1, 2] -> [1, 2, 3]"], [])
+    # a dict that became a number; a new key inside a list; a long value cut to 80 characters
+    assert same_numbers_tool.compare({"x": {"a": 1}}, {"x": 3}) == (["/x: {'a': 1} -> 3"], [])
+    assert same_numbers_tool.compare({"h": [{"a": 1}]}, {"h": [{"a": 1, "b": 2}]}) == ([], ["/h[0]/b"])
+    assert same_numbers_tool.compare({"s": "x" * 99}, {"s": "y" * 99}) == ([f"/s: {'x' * 80} -> {'y' * 80}"], [])
 
 
 def test_claims_tool_help_shows_its_examples_and_every_flag(monkeypatch, capsys):

@@ -132,6 +132,9 @@ TARGETS = {
     # the baselines that bench.py's speed-ups divide by, and how it times them (the figures its issues quote)
     "bench.py": (["timed_rounds", "median", "naive_sensitivity", "bench_estimator", "epoch_on_device",
                   "bench_training", "reserve", "main"], ["tests/test_bench.py"]),
+    # what says that a refactor changed no number
+    "tools/same_numbers.py": (["compare"], ["tests/test_reproduce.py::test_same_numbers_compares_every_value_and_names_"
+                                            "what_changed"]),
     # what says whether a rerun's numbers moved beyond their standard errors (its tests alone: not the smoke run)
     "tools/claims_cpu.py": (["blocks", "numbers", "stored", "rows_of", "compare", "main"],
                             [f"tests/test_reproduce.py::test_{name}" for name in [
