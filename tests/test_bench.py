@@ -11,6 +11,7 @@ import torch
 
 import bench
 from common import gaussian, sensitivity
+from test_common import phi
 
 
 @pytest.mark.slow
@@ -76,7 +77,7 @@ def test_the_naive_loop_measures_the_sensitivity_the_estimator_does():
     N(0, 0.1^2) noise on a last token at 0.1 flips the unit with probability Phi(-1), so S = Phi(-1) / T."""
     x = torch.zeros(1000, 4, 3)
     x[:, -1, 0] = 0.1
-    expected = 0.5 * math.erfc(1 / math.sqrt(2)) / 4
+    expected = phi(-1) / 4
     model = LastTokenThreshold().eval()
     torch.manual_seed(0)
     naive = bench.naive_sensitivity(model, x, 0.1, 2)
@@ -116,7 +117,7 @@ def test_the_estimator_figures_are_the_ratios_of_its_rounds(monkeypatch):
     torch.manual_seed(0)
     out = bench.bench_estimator("m", model, x, 7, 3, torch.device("cpu"))  # 800 evaluations: 114 chunks of 7, and 2
     assert out == {"est_eff_m": 2.0, "est_speedup_m": 10.0, "est_evals_per_s_m": 400.0}
-    expected = 0.5 * math.erfc(1 / math.sqrt(2)) / 4
+    expected = phi(-1) / 4
     se = math.sqrt(4 * expected * (1 - 4 * expected) / 200) / 4  # 200 draws at the last token
     assert all(abs(v - expected) < 4 * se for v in seen.pop("sens"))  # sigma 0.2 would give Phi(-0.5) / 4: 7 s.e.
     assert seen == {"rounds": 3, "forward rows": 800, "modes": {False}, "evaluations": 800, "chunk": 7}
