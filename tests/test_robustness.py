@@ -15,6 +15,7 @@ import corruptions as C
 from common import patchify
 import robustness as R
 from runs import write_json
+from test_common import phi
 from test_corruptions import write_frost_textures
 import vision
 
@@ -234,10 +235,6 @@ def test_a_fake_release_and_the_paper_fig9_models_end_to_end(tmp_path, monkeypat
     assert data["summary"]["correlation_sens_vs_corruption_acc"]["points"] == 6
     for png in ["corruptions.png", "sensitivity_vs_robustness.png"]:
         assert (tmp_path / "robustness" / "fig9" / png).stat().st_size > 5000
-
-
-def phi(z):
-    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
 def test_regulariser_loss_is_its_formula_and_changes_the_gradient():

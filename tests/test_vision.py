@@ -1,9 +1,13 @@
 """vision.py: model shapes, the patch-grid sensitivity on a model with a known answer, the data pipeline, the offline
 error, and short end-to-end runs on fake data."""
 
+import itertools
 import json
 import math
+import os
+import sys
 import time
+import types
 import urllib.error
 import urllib.request
 import warnings
@@ -17,9 +21,12 @@ import report
 import runs
 import vision
 import vits
-from common import patchify
+from common import paired_differences, patchify
 from conftest import loop_calls
 from runs import Results, strict_json
+from test_common import phi
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
 SMALL = ["--depth", "2", "--heads", "2", "--dim-head", "8", "--dim", "32", "--mlp-dim", "64", "--mlp-hidden", "64"]
 
@@ -378,10 +385,6 @@ def test_flat_and_object_patches_are_measured_apart():
 
 # -----------------------------------------------------------------------------
 # what the numbers mean: known answers for the metrics, options that take effect, the data
-
-
-def phi(z):
-    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
 class Fixed(nn.Module):
@@ -1214,3 +1217,99 @@ def test_augment_trains_every_batch_on_its_augmented_images(tmp_path, monkeypatc
     assert len(augmented) == len(trained) == 2
     for a, t in zip(augmented, trained):
         assert a.dtype == torch.uint8 and a.shape == (20, 3, 32, 32) and torch.equal(t, vision.normalize(a))
+
+
+def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_stores(tmp_path, monkeypatch, capsys):
+    """tools/sampled_positions.py on one-model runs (a ViT and an MLP, two seeds): each checkpoint is checked at the
+    first sigma, every patch; the paired differences "every patch" are the stored ones, and "sampled" (8 patches by
+    default) those that runs trained the same way with --sens-positions 8 store (sensitivity has its own generator:
+    the same models), each moved by |every patch - sampled| / s.e.; the times are the clock's (a stand-in), the
+    sweep's as len(sigmas) times the check's. A move without error is 0 or infinitely many, and the summary counts
+    the moves beyond 2. It refuses a checkpoint that is not the final model, a folder of two models and folders
+    without a ViT."""
+    import sampled_positions
+
+    def train(model, seed, *extra):
+        name = f"{model}-{seed}{''.join(extra)}".replace("--sens-positions", "-k")
+        vision.main(vision.parse_args(["--dataset", "fake28", "--patch-size", "7", "--model", model, "--epochs", "1",
+                                       "--n-train", "40", "--n-test", "10", "--n-sens", "6", "--sigma", "0.3", "3",
+                                       "--mask", "patch", "global", "--seeds", str(seed), "--save-every", "1",
+                                       "--no-figures", "--out-dir", str(tmp_path), "--run-name", name, *extra] + SMALL))
+        return str(tmp_path / "vision" / name)
+
+    def paired(folders):  # (model, key) -> (mean, stderr) of the paired differences of the stored per-image numbers
+        stored = {}
+        for f in folders:
+            run, = json.loads(open(os.path.join(f, "metrics.json")).read())["runs"].values()
+            stored[run["model"], run["seed"]] = {k: v for k, v in run["final"]["per_image"].items()
+                                                 if k.startswith("patch:")}
+        return {(m, k): (d["mean"], d["stderr"]) for m, ds in paired_differences(stored, "vit")["models"].items()
+                for k, d in ds["diff"].items()}
+
+    def tool(*argv):
+        monkeypatch.setattr(sys, "argv", ["sampled_positions.py", *argv])
+        threads = torch.get_num_threads()
+        try:
+            sampled_positions.main()
+        finally:
+            torch.set_num_threads(threads)
+        return capsys.readouterr().out
+
+    every = [train(m, s) for m in ("vit", "mlp") for s in (0, 1)]
+    sampled = [train(m, s, "--sens-positions", "8") for m in ("vit", "mlp") for s in (0, 1)]
+    capsys.readouterr()
+    # a clock that reads the check as a s and the sampled sweep as b: their sums over the four folders, 8a / 60 =
+    # 10.04 and 4b / 60 = 6.04 min, print as 10.0 and 6.0, one second more as 10.1 and 6.1, and in 61ths as 9.9, 5.9
+    a, b = 75.3, 90.6
+    ticks = itertools.accumulate(itertools.cycle([0.0, a, 7.0, b]))
+    monkeypatch.setattr(sampled_positions, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    calls, measure = [], vision.measure_sensitivity
+    monkeypatch.setattr(vision, "measure_sensitivity", lambda *x, sigmas, positions=None, **kw: calls.append(
+        (sigmas, positions)) or measure(*x, sigmas=sigmas, positions=positions, **kw))
+    out = tool(*every)
+    assert calls == [([0.3], None), ([0.3, 3.0], 8)] * 4  # the check at the first sigma, then the sweep, sampled
+    lines = out.strip().splitlines()
+    assert lines[:4] == [f"{f}: {m}/seed{s} checked; 2 sigmas: every patch about 151 s, 8 sampled 91 s"
+                         for f, (m, s) in zip(every, [("vit", 0), ("vit", 1), ("mlp", 0), ("mlp", 1)])]
+    full, part = paired(every), paired(sampled)
+    assert sorted(full) == [("mlp", "patch:0.3"), ("mlp", "patch:3")]
+    moves = []
+    for (model, key), (mean, se) in full.items():
+        y, ye = part[model, key]
+        moves.append(abs(mean - y) / se)
+        assert (f"{model} - vit {key}: every patch {mean:+.4f} +- {se:.4f} | 8 sampled {y:+.4f} +- {ye:.4f} | "
+                f"moved {moves[-1]:.2f} s.e.") in lines
+    assert lines[-1] == (f"2 paired differences: {sum(z > 2 for z in moves)} moved beyond 2 s.e., the most "
+                         f"{max(moves):.2f}; the patch sweeps took 10.0 min with every patch, 6.0 sampled")
+    assert any(x != y for x, y in zip(full.values(), part.values()))  # sampling moved something
+    assert tool(*every, "--positions", "8") == out
+    with pytest.raises(SystemExit, match="^0$"):
+        tool("--help")
+    helped = capsys.readouterr().out
+    assert "\n    python tools/sampled_positions.py out/vision/conv-*-seed? --positions 8\n" in helped
+    assert "patches sampled per image and sigma" in helped and "one-model vision.py run folders" in helped
+
+    # made-up differences: 2.5 s.e., none without error, some without error (infinitely many), 2.5 again
+    made = iter([{"models": {"mlp": {"diff": {k: {"mean": m, "stderr": e} for k, (m, e) in zip("abcd", pairs)}}}}
+                 for pairs in ([(0.1, 0.01), (0.0, 0.0), (0.5, 0.0), (0.2, 0.1)],
+                               [(0.125, 0.0), (0.0, 0.0), (0.6, 0.0), (0.45, 0.0)])])
+    monkeypatch.setattr(sampled_positions, "paired_differences", lambda stored, reference: next(made))
+    lines = tool(*every).strip().splitlines()
+    assert [line.split("| moved ")[1] for line in lines[4:8]] == ["2.50 s.e.", "0.00 s.e.", "inf s.e.", "2.50 s.e."]
+    assert lines[-1].startswith("4 paired differences: 3 moved beyond 2 s.e., the most inf; ")
+
+    ckpt = os.path.join(every[2], "checkpoint.pt")
+    state = torch.load(ckpt, weights_only=False)
+    for v in state["state"]["model"].values():
+        v.mul_(0.5)
+    torch.save(state, ckpt)
+    with pytest.raises(SystemExit, match="its checkpoint does not give the stored sensitivity .*: not the final mod"):
+        tool(every[2])
+    with pytest.raises(SystemExit, match="no ViT among the folders: nothing to pair against"):
+        tool(every[3])
+    two = str(tmp_path / "vision" / "two")
+    vision.main(vision.parse_args(["--dataset", "fake28", "--patch-size", "7", "--model", "vit", "mlp", "--epochs",
+                                   "1", "--n-train", "20", "--n-test", "10", "--n-sens", "2", "--save-every", "1",
+                                   "--no-figures", "--out-dir", str(tmp_path), "--run-name", "two"] + SMALL))
+    with pytest.raises(SystemExit, match="2 models in one folder; the checkpoint holds the last one only"):
+        tool(two)

@@ -144,6 +144,9 @@ TARGETS = {
                                 "claims_against_without_compare_or_an_unknown_revision_is_one_line",
                                 "claims_compare_prints_each_row_and_writes_nothing",
                                 "claims_tool_help_shows_its_examples_and_every_flag"]]),
+    # what a sampled patch mask would do to the vision rows (RESULTS: why --sens-positions is not used)
+    "tools/sampled_positions.py": (["remeasure", "main"], ["tests/test_vision.py::test_the_sampled_positions_tool_"
+                                                          "gives_what_a_run_sampling_those_positions_stores"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
