@@ -397,6 +397,172 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
     assert fidelity.same_order(noisy, noisy[::-1]) == "same within noise"
     assert fidelity.same_order([np.arange(4.0) + i for i in range(5)],
                                [np.arange(4.0) - i for i in range(5)]) == "ref 1 2 3 4 5, ours 5 4 3 2 1"
+    # severities 4 and 5 swapped by 2.4 (reference) and 2.6 (ours) over 4 images whose differences have a standard
+    # deviation of 2: beyond 2 standard errors (2) on both sides, not 3 (3); 1.8 is within them
+    ref = [np.full(4, 10.0 * k) for k in range(4)] + [30 + np.array([-4.4, -0.4, -4.4, -0.4])]
+    our = [np.full(4, 10.0 * k) for k in range(4)] + [30 + np.array([0.6, 4.6, 0.6, 4.6])]
+    assert fidelity.same_order(ref, our) == "ref 1 2 3 5 4, ours 1 2 3 4 5"
+    assert fidelity.same_order(ref[:4] + [ref[4] + 0.6], our) == "same within noise"  # 1.8: not clear for the ref
+    assert fidelity.same_order(ref, our[:4] + [our[4] - 0.8]) == "same within noise"  # nor for ours
+
+
+def laplacian_sharpness(x):
+    """The mean absolute 4-neighbour Laplacian of uint8 (N, H, W, C) images, inside the border."""
+    k = torch.tensor([[0.0, -1, 0], [-1, 4, -1], [0, -1, 0]], dtype=torch.float64)
+    x = torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2).reshape(-1, 1, *x.shape[1:3])
+    return F.conv2d(x, k[None, None]).abs().mean().item()
+
+
+def test_the_fidelity_tables_cells_and_the_compare_command(tmp_path, monkeypatch, capsys, frost_dir):
+    """tools/cifar_c_fidelity.py compare against a stand-in reference made of ours: a deterministic corruption off by 1
+    everywhere is 1.00 / 0.0%, off by 3 in one image of two 1.50 / 50.0%, equal 0.00 / 0.0%; a random one is ours /
+    reference of the mean |change| and of the Laplacian sharpness (1 and 1 against itself; against its change
+    doubled); with the release's own draws (the fixture's) the replayed images' mean |ours - reference| and share off
+    by > 2, over as many images as the reference replayed; severities in reverse are named. Frost needs --frost-dir;
+    --only picks corruptions."""
+    fixture = np.load(FIXTURE)
+    x = fixture["replay/images"]  # the two photographs whose replays the fixture keeps
+    ref = {"images": x}
+    for name in fidelity.DETERMINISTIC:
+        for s in range(1, 6):
+            o = fidelity.ours(x, name, s).astype(int)
+            step = {1: np.where(o < 128, 1, -1), 2: np.where(o < 128, 3, -3) * (np.arange(2) == 0)[:, None, None, None]}
+            ref[f"{name}/{s}"] = (o + step.get(s, 0)).astype(np.uint8)
+    ref.update({f"{name}/{s}": fidelity.ours(x, name, s, frost_dir) for name in fidelity.RANDOM for s in range(1, 6)})
+    ref.update({f"contrast/{s}": fidelity.ours(x, "contrast", 6 - s) for s in range(1, 6)})  # in reverse
+    ref.update({k: fixture[k] for k in fixture.files if k.startswith("replay/") and k != "replay/images"})
+    np.savez(tmp_path / "ref.npz", **ref)
+
+    table = fidelity.table(ref, frost_dir)
+    assert list(table) == fidelity.DETERMINISTIC + fidelity.RANDOM
+    for name in ["brightness", "pixelate"]:
+        assert table[name][0] == ([{"mean_abs": 1.0, "off_by_2": 0.0}, {"mean_abs": 1.5, "off_by_2": 0.5}] +
+                                  [{"mean_abs": 0.0, "off_by_2": 0.0}] * 3)
+    assert table["contrast"][1] == "ref 5 4 3 2 1, ours 1 2 3 4 5"
+    # the random ones against themselves, then against their change doubled
+    doubled = {**ref, **{f"{name}/{s}": np.clip(2 * ref[f"{name}/{s}"].astype(int) - x, 0, 255).astype(np.uint8)
+                         for name in fidelity.RANDOM for s in range(1, 6)}}
+    twice = fidelity.table(doubled, frost_dir, fidelity.RANDOM)
+    for name in fidelity.RANDOM:
+        cells, order = table[name]
+        assert order == "same", name
+        for s, cell in enumerate(cells, 1):
+            assert cell["change_ratio"] == cell["sharpness_ratio"] == 1
+            o, r = ref[f"{name}/{s}"], doubled[f"{name}/{s}"]
+            change = np.abs(o - x.astype(float)).mean() / np.abs(r - x.astype(float)).mean()
+            assert twice[name][0][s - 1]["change_ratio"] == pytest.approx(change), (name, s)
+            assert twice[name][0][s - 1]["sharpness_ratio"] == pytest.approx(laplacian_sharpness(o) /
+                                                                              laplacian_sharpness(r))
+            n = 2 if (name, s) == ("spatter", 3) else int(name in fidelity.REPLAYABLE[2:])  # the fixture's replays
+            assert ("replay_mean_abs" in cell) == (n > 0), (name, s)
+            if n:
+                d = np.abs(np.concatenate([fidelity.replayed(ref, name, s, i) for i in range(n)]).astype(int) -
+                           np.stack([ref[f"replay/{name}/{s}/{i}"] for i in range(n)]))
+                assert cell["replay_mean_abs"] == pytest.approx(d.mean()) and cell["replay_off_by_2"] == (d > 2).mean()
+                assert d.mean() <= REPLAYED[name][1]
+    assert sum(c["change_ratio"] < 0.8 for name in fidelity.RANDOM for c in twice[name][0]) > 40  # not 0s and 255s
+    assert "frost" not in fidelity.table(ref, names=["frost", "snow"])
+
+    def compare(*argv):
+        monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "compare", str(tmp_path / "ref.npz"), *argv])
+        fidelity.main()
+        return capsys.readouterr().out.splitlines()
+
+    lines = compare("--only", "brightness", "contrast", "spatter", "gaussian_noise", "frost")
+    assert lines[0].startswith("2 photographs. Deterministic: mean |ours - reference| in grey levels / share off by")
+    assert lines[0].endswith("(first 32 images): mean |ours - reference| / share off by > 2.") and lines[1] == ""
+    assert lines[2:4] == ["| corruption | severity 1 | severity 2 | severity 3 | severity 4 | severity 5 | severity "
+                          "order |", "|---|---|---|---|---|---|---|"]
+    assert lines[4] == ("| brightness | 1.00 / 0.0% | 1.50 / 50.0% | 0.00 / 0.0% | 0.00 / 0.0% | 0.00 / 0.0% | "
+                        f"{table['brightness'][1]} |")
+    assert lines[5].startswith("| contrast | ") and lines[5].endswith(" | ref 5 4 3 2 1, ours 1 2 3 4 5 |")
+
+    def cell(c):
+        text = f"{c['change_ratio']:.2f} / {c['sharpness_ratio']:.2f}"
+        return text + (f"; {c['replay_mean_abs']:.2f} / {c['replay_off_by_2']:.1%}" if "replay_mean_abs" in c else "")
+
+    for line, name in zip(lines[6:], ["spatter", "gaussian_noise"]):
+        assert line == f"| {name} | " + " | ".join(cell(c) for c in table[name][0]) + " | same |"
+    assert len(lines) == 8  # frost is left out without its textures
+    assert compare("--only", "frost", "--frost-dir", frost_dir)[4] == ("| frost | " + " | ".join(
+        cell(c) for c in table["frost"][0]) + " | same |")
+
+
+def test_the_fidelity_fixture_keeps_evenly_spread_images_and_renames_the_wrapped_spatter_replay(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """tools/cifar_c_fidelity.py fixture: --images N of the reference's images spread evenly, with every
+    deterministic output at every severity; the replays of image 0 for every replayable corruption but the two
+    noises, and spatter's severity-3 replay of image 4 as replay image 1 (with its draws), beside both images."""
+    rng = np.random.default_rng(0)
+    ref = {"images": rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)}
+    ref.update({f"{name}/{s}": rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8)
+                for name in fidelity.DETERMINISTIC + fidelity.RANDOM for s in range(1, 6)})
+    for name in fidelity.REPLAYABLE:
+        for s in range(1, 6):
+            for i in range(5):
+                key = f"replay/{name}/{s}/{i}"
+                ref[key] = rng.integers(0, 256, (1, 32, 32, 3), dtype=np.uint8)
+                ref.update({f"{key}/{kind}": rng.random(3) for kind in ("randn", "rand", "randint")})
+                ref.update({f"{key}/{kind}_shapes": np.array([[3, 0, 0]]) for kind in ("randn", "rand", "randint")})
+    np.savez(tmp_path / "ref.npz", **ref)
+    out = tmp_path / "sub" / "fixture.npz"
+    monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "fixture", str(tmp_path / "ref.npz"), "--images", "3",
+                                      "--out", str(out)])
+    fidelity.main()
+    assert capsys.readouterr().out == f"3 + 2 images -> {out} ({out.stat().st_size // 1024} KB)\n"
+    one = tmp_path / "sub" / "one.npz"  # into a folder that exists
+    monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "fixture", str(tmp_path / "ref.npz"), "--out", str(one)])
+    fidelity.main()
+    assert np.array_equal(np.load(one)["images"], ref["images"][[5]])  # by default one image, the middle one
+    capsys.readouterr()
+    got = np.load(out)
+    pick = [1, 5, 8]  # the middles of three equal parts of 10
+    assert np.array_equal(got["images"], ref["images"][pick])
+    assert np.array_equal(got["replay/images"], ref["images"][[0, 4]])
+    expected = {"images", "replay/images"} | {f"{name}/{s}" for name in fidelity.DETERMINISTIC for s in range(1, 6)}
+    for name, s, i, j in [(name, s, 0, 0) for name in fidelity.REPLAYABLE[2:] for s in range(1, 6)] + \
+            [("spatter", 3, 4, 1)]:
+        for tail in ["", "/randn", "/rand", "/randint", "/randn_shapes", "/rand_shapes", "/randint_shapes"]:
+            expected.add(f"replay/{name}/{s}/{j}{tail}")
+            assert np.array_equal(got[f"replay/{name}/{s}/{j}{tail}"], ref[f"replay/{name}/{s}/{i}{tail}"])
+    assert set(got.files) == expected
+    for name in fidelity.DETERMINISTIC:
+        assert all(np.array_equal(got[f"{name}/{s}"], ref[f"{name}/{s}"][pick]) for s in range(1, 6))
+
+
+def test_the_fidelity_tools_commands_their_defaults_and_help(monkeypatch, capsys):
+    """reference, compare and fixture with their defaults (the fixture into tests/fixtures), a command required,
+    and each flag's help under its command."""
+    seen = []
+    for name in ["reference", "compare", "fixture"]:
+        monkeypatch.setattr(fidelity, name, lambda args, name=name: seen.append((name, vars(args))))
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", *argv])
+        fidelity.main()
+        return capsys.readouterr().out
+
+    main("reference", "create_c")
+    main("compare", "ref.npz")
+    main("fixture", "ref.npz")
+    assert seen == [("reference", {"command": "reference", "folder": "create_c", "out": "cifar_c_reference.npz"}),
+                    ("compare", {"command": "compare", "reference": "ref.npz", "frost_dir": None, "only": None}),
+                    ("fixture", {"command": "fixture", "reference": "ref.npz", "images": 1, "out": FIXTURE})]
+    with pytest.raises(SystemExit, match="^2$"):
+        main()
+    assert "the following arguments are required: command" in capsys.readouterr().err
+    helps = {}
+    for command in [[], ["reference"], ["compare"], ["fixture"]]:
+        with pytest.raises(SystemExit, match="^0$"):
+            main(*command, "--help")
+        helps[" ".join(command)] = " ".join(capsys.readouterr().out.split())
+    assert "How close are corruptions.py's generated corruptions to the generator that made CIFAR-10-C?" in helps[""]
+    for text in ["run make_cifar_c.py's corruptions (scratch environment)", "compare ours with a reference file "
+                 "(repository environment)", "write the test fixture from a reference file"]:
+        assert text in helps[""]
+    assert "ImageNet-C/create_c of a clone of hendrycks/robustness" in helps["reference"]
+    assert "the frost textures (frost is skipped without them)" in helps["compare"]
+    assert "these corruptions only" in helps["compare"]
 
 
 def coordinate_textures(h, w):

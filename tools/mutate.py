@@ -147,6 +147,9 @@ TARGETS = {
     # what a sampled patch mask would do to the vision rows (RESULTS: why --sens-positions is not used)
     "tools/sampled_positions.py": (["remeasure", "main"], ["tests/test_vision.py::test_the_sampled_positions_tool_"
                                                           "gives_what_a_run_sampling_those_positions_stores"]),
+    # how close the generated corruptions are to the release's generator (its side needs the release's libraries)
+    "tools/cifar_c_fidelity.py": (["ours", "draws_of", "replaying", "replayed", "sharpness", "same_order", "table",
+                                   "compare", "fixture", "main"], ["tests/test_corruptions.py"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
