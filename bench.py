@@ -296,7 +296,7 @@ def bench_language(n, rounds, device, n_pairs=256):
                 roberta.forward_normed(e[rows[i:i + bs]], mask[rows[i:i + bs]])
 
     def measure():  # the estimator, as language.py runs it on RoBERTa
-        language.measure_sensitivity(roberta, tokens, sigma=1.0, reps=1, positions=None, align="right", seed=0)
+        return language.measure_sensitivity(roberta, tokens, sigma=1.0, reps=1, positions=None, align="right", seed=0)
 
     times = timed_rounds([measure, forwards],
                          device, rounds)
@@ -312,8 +312,8 @@ def bench_language(n, rounds, device, n_pairs=256):
             times = timed_rounds([lambda: measure(True), lambda: measure(False)], device, rounds)
             out[f"est_prefix_speedup_{name}{suffix}"] = median([t[1] / t[0] for t in times])
     def measure(buckets):
-        language.measure_sensitivity(roberta, sampled, sigma=2.0, reps=1, positions=8, align="right", seed=0,
-                                     buckets=buckets)
+        return language.measure_sensitivity(roberta, sampled, sigma=2.0, reps=1, positions=8, align="right", seed=0,
+                                            buckets=buckets)
 
     times = timed_rounds([lambda: measure(True), lambda: measure(False)], device, rounds)
     out["est_bucket_speedup_roberta"] = median([t[1] / t[0] for t in times])
@@ -368,18 +368,17 @@ def bench_read_token(args, images, rounds, device, n_pairs=256):
     start = (torch.rand(len(pairs), generator=torch.Generator().manual_seed(4)).to(device) * mask.sum(1)).long()
 
     @torch.inference_mode()
-    def run(model, every):
+    def run(model, every):  # the ViT's sensitivity, or the language model's logits
         model.training = every and model is not vit
         if model is vit:
             f = (lambda img: vit_every_token(vit, img)) if every else vit
-            sensitivity(lambda xb, idx: f(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
+            out = sensitivity(lambda xb, idx: f(unpatchify(xb, 4, (1, 28, 28))), tokens, gaussian(1.0), seed=0)
         else:
-            for idx in torch.arange(len(pairs), device=device).split(64):
-                if model is roberta:
-                    roberta(language.trim(pairs[idx]))
-                else:
-                    gpt2.forward_from(e[idx], mask[idx], start[idx], cache, idx)
+            out = [roberta(language.trim(pairs[idx])) if model is roberta else
+                   gpt2.forward_from(e[idx], mask[idx], start[idx], cache, idx)
+                   for idx in torch.arange(len(pairs), device=device).split(64)]
         model.training = False
+        return out
 
     return {f"read_token_speedup_{name}": median([t[1] / t[0] for t in timed_rounds(
         [lambda m=model: run(m, False), lambda m=model: run(m, True)], device, rounds)])

@@ -4,10 +4,14 @@ baselines its speed-ups divide by do the work they claim, and each figure is the
 import json
 import math
 import os
+import subprocess
+import sys
 import time
+import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import bench
 from common import gaussian, sensitivity
@@ -169,3 +173,392 @@ def test_the_reserved_results_file_is_readable_by_all_and_writable_by_its_owner(
     finally:
         os.umask(old)
     assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+CPU = torch.device("cpu")
+TIMES = [[1.0, 2.0], [1.0, 4.0], [2.0, 2.0]]  # three rounds of two methods: the second / the first has median 2
+
+
+def standing_in(monkeypatch, times=TIMES):
+    """timed_rounds replaced: each method is called once and what it returns kept (one list per timed_rounds call),
+    and `times` are the rounds' times."""
+    calls = []
+
+    def rounds(fns, device, n):
+        assert n == 3
+        calls.append([fn() for fn in fns])
+        return times
+
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
+    return calls
+
+
+def small_vit_args():
+    return bench.vision.parse_args(["--dataset", "fashionmnist", "--depth", "1", "--heads", "2", "--dim-head", "8",
+                                    "--dim", "16", "--mlp-dim", "32"])
+
+
+def test_mrpc_like_pairs_have_mrpcs_lengths_and_are_padded_on_the_right():
+    """Lengths of mean 51 and std 12 within 20-101 tokens, words from 4 to 999, padding after each pair's last word;
+    the seed picks them."""
+    import language
+
+    tokens = bench.mrpc_like(4000, CPU, seed=5)
+    real = tokens != language.PAD
+    lengths = real.sum(1).float()
+    assert abs(lengths.mean() - 51) < 0.5 and abs(lengths.std() - 12) < 0.5
+    assert lengths.min() == 20 and lengths.max() <= 101 and tokens.shape[1] == lengths.max()
+    assert torch.equal(real, torch.arange(tokens.shape[1]) < lengths[:, None])  # right-padded
+    assert tokens[real].min() == 4 and tokens[real].max() == 999
+    assert torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=5))
+    assert not torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=6))
+
+
+def test_the_scattered_figure_times_the_same_draws_in_two_batch_sizes(monkeypatch):
+    """scattered_rows_speedup: the authors' mask through the model in its default rows / in 2,048 rows, the same
+    masks and noise (the same per-image flips), for the CNN and the ViT."""
+    calls, seen, real = standing_in(monkeypatch), [], bench.vision.scattered_sensitivity
+    monkeypatch.setattr(bench.vision, "scattered_sensitivity",
+                        lambda m, x, *a, **kw: seen.append((type(m).__name__, m.training, len(x), a, kw))
+                        or real(m, x, *a, **kw))
+    out = bench.bench_scattered(small_vit_args(), torch.randn(6, 1, 28, 28), 3, CPU)
+    assert out == {"scattered_rows_speedup_cnn": 2.0, "scattered_rows_speedup_vit": 2.0}
+    for default, wide in calls:
+        assert torch.equal(default.per_input, wide.per_input) and default.evaluations == wide.evaluations == 6 * 49
+    assert [s[0] for s in seen] == ["CNN"] * 2 + ["ViT"] * 2 and not any(s[1] for s in seen)
+    assert [s[2:] for s in seen] == [(6, (4, 1.0, 49, 0), {}), (6, (4, 1.0, 49, 0), {"rows": 2048})] * 2
+
+
+def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monkeypatch):
+    """est_eff_roberta = forward time / the estimator's, the prefix cache's, the buckets', the sorted evaluation's and
+    the fused LSTM's speed-ups = the other's time / theirs, each the median over rounds; the prefix cache and the
+    buckets give the same sensitivities as without them."""
+    import language
+
+    calls, seen, real = standing_in(monkeypatch), [], language.measure_sensitivity
+    monkeypatch.setattr(language, "measure_sensitivity", lambda m, x, **kw: seen.append(
+        (type(m).__name__, m.training, len(x), kw)) or real(m, x, **kw))
+    out = bench.bench_language(2, 3, CPU, n_pairs=8)
+    assert out == {"est_eff_roberta": 2.0, "est_prefix_speedup_lstm": 2.0, "est_prefix_speedup_lstm_sampled": 2.0,
+                   "est_prefix_speedup_gpt2": 2.0, "est_prefix_speedup_gpt2_sampled": 2.0,
+                   "est_bucket_speedup_roberta": 2.0, "eval_sorted_speedup_roberta": 2.0, "lstm_fused_speedup": 2.0}
+    (sens, _), forwards = calls[0]  # measure_sensitivity gives (Sensitivity, counts per position)
+    assert forwards is None and sens.evaluations == int((bench.mrpc_like(2, CPU) != language.PAD).sum())
+    for (fast, _), (slow, _) in calls[1:6]:  # the prefix caches (4) and the buckets
+        assert torch.equal(fast.per_input, slow.per_input) and fast.evaluations == slow.evaluations
+    assert len(calls[6][0]) == 3 and calls[6][1] is None  # language.evaluate's numbers, then the unsorted batches
+    common = dict(reps=1, align="right", seed=0)
+    assert [(name, training, n, kw) for name, training, n, kw in seen] == [
+        ("TextTransformer", False, 2, dict(sigma=1.0, positions=None, **common))] + [
+        (name, False, n, dict(sigma=2.0, positions=k, **common, prefix_cache=cache))
+        for name in ["LSTMClassifier", "TextTransformer"] for n, k in [(2, None), (12, 8)]
+        for cache in [True, False]] + [
+        ("TextTransformer", False, 12, dict(sigma=2.0, positions=8, **common, buckets=b)) for b in [True, False]]
+
+
+def test_the_read_token_figures_compare_the_same_predictions(monkeypatch):
+    """read_token_speedup: every token / the read token alone, for the ViT's sensitivity (patch mask, sigma 1) and the
+    language models' logits (RoBERTa's forward, GPT-2's resumed from its prefix cache); the same answers either way,
+    and each model evaluating again afterwards."""
+    calls = standing_in(monkeypatch)
+    out = bench.bench_read_token(small_vit_args(), torch.randn(3, 1, 28, 28), 3, CPU, n_pairs=5)
+    assert out == {"read_token_speedup_vit": 2.0, "read_token_speedup_roberta": 2.0, "read_token_speedup_gpt2": 2.0}
+    (alone, every), *language_models = calls
+    assert torch.equal(alone.per_input, every.per_input) and alone.evaluations == 3 * 49
+    for alone, every in language_models:
+        assert len(alone) == len(every) == 1 and alone[0].shape == (5, 2)
+        assert torch.allclose(alone[0], every[0], atol=1e-5)
+
+
+def test_vit_every_token_is_the_vits_forward_on_every_token():
+    """The ViT's forward with its last block over every token gives the ViT's own logits."""
+    vit = bench.vision.build_model("vit", small_vit_args(), 1, 28, 10).eval()
+    img = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(bench.vit_every_token(vit, img), vit(img), atol=1e-5)
+
+
+def test_the_read_token_training_figures_train_both_ways(monkeypatch):
+    """read_token_train_speedup_<parity_64|parity_128|vit>: AdamW steps (lr 1e-3) on every token / on the read token
+    alone, each way changing every weight that gets a gradient: parity.py's transformer at widths 64 and 128, then
+    the ViT."""
+    params, moved, real = [], [], torch.optim.AdamW
+
+    def adamw(p, lr):
+        params.append((list(p), lr))
+        return real(params[-1][0], lr=lr)
+
+    def rounds(fns, device, n):
+        for fn in fns:
+            before = [p.detach().clone() for p in params[-1][0]]
+            fn()
+            moved.append(all(not torch.equal(a, p) for a, p in zip(before, params[-1][0]) if p.grad is not None))
+        return TIMES
+
+    monkeypatch.setattr(torch.optim, "AdamW", adamw)
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
+    out = bench.bench_read_token_training(small_vit_args(), 16, 3, CPU)
+    assert out == {"read_token_train_speedup_parity_64": 2.0, "read_token_train_speedup_parity_128": 2.0,
+                   "read_token_train_speedup_vit": 2.0}
+    assert moved == [True] * 6 and [lr for _, lr in params] == [1e-3] * 3
+    assert [p[0].shape for p, _ in params[:2]] == [(1, 21, 64), (1, 21, 128)]  # positions of 20 bits and the class
+
+
+def test_the_paper_vits_step_on_a_cpu_is_one_sgd_step_of_the_authors_vit(monkeypatch):
+    """paper_vit_step_ms: the median time of a training step (one per round on a CPU) in ms, of the authors' ViT
+    (depth 8, 32 heads of 64, 28x28 images of one channel, 10 classes) at its SGD rate, on min(100, n) images."""
+    built, steps, real_build, real_step = [], [], bench.vision.build_model, torch.optim.SGD.step
+    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append(
+        (name, args.depth, args.heads, args.dim_head, shape)) or real_build(name, args, *shape))
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(self.param_groups[0]["lr"])
+                        or real_step(self, *a))
+    seen, ce = [], F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda out, y: seen.append(len(y)) or ce(out, y))
+    calls = standing_in(monkeypatch, [[0.5], [0.25], [2.0]])
+    assert bench.bench_paper_vit(3, 3, CPU) == {"paper_vit_step_ms": 500.0}
+    assert built == [("vit", 8, 32, 64, (1, 28, 10))] and len(calls) == 1
+    assert steps == [bench.vision.learning_rate("vit", bench.vision.parse_args(["--dataset", "fashionmnist"]))]
+    assert seen == [3]
+
+
+def test_the_corruption_figure_counts_every_image_of_every_corruption_but_frost_at_every_severity(monkeypatch):
+    """corruption_images_per_s: n images x 18 corruptions (all but frost) x 5 severities over the seconds the clock
+    read between the first and the last, after a warm-up on 10 images."""
+    import corruptions
+
+    seen, real = [], corruptions.corrupt
+    monkeypatch.setattr(corruptions, "corrupt", lambda x, name, s, g, **kw: seen.append((len(x), name, s))
+                        or real(x, name, s, g, **kw))
+    ticks = iter([10.0, 14.0])
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    out = bench.bench_corruptions(CPU, n=12)
+    names = [c for c in corruptions.SEVERITY if c != "frost"]
+    assert len(names) == 18 and out == {"corruption_images_per_s": 12 * 18 * 5 / 4.0}
+    assert seen == [(10, "fog", 1)] + [(12, name, s) for name in names for s in range(1, 6)]
+
+
+def test_rss_mb_is_this_process_resident_memory():
+    """Resident memory in MB: below the process's peak, and up by about 200 MB once 200 MB are written."""
+    import resource
+
+    before = bench.rss_mb()
+    x = torch.ones(50_000_000)  # 200 MB, written
+    after = bench.rss_mb()
+    assert 0 < before < after <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + 1
+    assert 150 < after - before < 260
+    del x
+
+
+def test_the_memory_figure_is_the_sampled_peak_over_the_start_of_a_million_evaluations(monkeypatch):
+    """est_1e6_mem_mb on a CPU: the highest resident memory sampled while the estimator runs, minus the memory before
+    it, for at least 10^6 evaluations of a linear model (5,000 inputs of 16 positions, 13 draws, chunks of 8,192)."""
+    readings, seen = [100.0, 100.0, 160.0, 130.0], []
+
+    def rss():
+        readings.append(readings[-1])  # from the fifth reading on, the last one again
+        return readings.pop(0)
+
+    def estimator(f, x, perturb, *, reps, batch_size):
+        while len(readings) > 4 or readings[0] != 130.0:  # the sampler has read 100 and 160 during the run
+            time.sleep(0.001)
+        seen.append((tuple(x.shape), reps, batch_size, tuple(f(x[:3], None).shape)))
+        return types.SimpleNamespace(evaluations=len(x) * x.shape[1] * reps)
+
+    monkeypatch.setattr(bench, "rss_mb", rss)
+    monkeypatch.setattr(bench, "sensitivity", estimator)
+    assert bench.bench_memory(CPU) == {"est_1e6_mem_mb": 60.0}
+    assert seen == [((5000, 16, 8), 13, 8192, (3, 10))]
+    monkeypatch.setattr(bench, "sensitivity", lambda f, x, p, *, reps, batch_size: types.SimpleNamespace(
+        evaluations=999_999))
+    with pytest.raises(AssertionError):
+        bench.bench_memory(CPU)
+
+
+def test_the_training_workload_is_one_sgd_epoch_of_a_small_vit_in_batches_of_100(monkeypatch):
+    """training_workload(n): vision.py's ViT (depth 2, 4 heads of 16, width 64, 7x7 patches) trained one epoch of n
+    28x28 images per call, in batches of 100, by SGD at 0.01; each call trains it further."""
+    built, seen, real, real_build = [], [], bench.epoch_on_device, bench.vision.build_model
+    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append(
+        (name, args.depth, args.heads, args.dim_head, args.dim, args.patch_size, shape)) or real_build(name, args,
+                                                                                                        *shape))
+    monkeypatch.setattr(bench, "epoch_on_device", lambda model, opt, x, y, **kw: seen.append(
+        (type(opt).__name__, opt.param_groups[0]["lr"], x.shape, x.dtype, y.shape, kw["batch_size"])) or real(
+        model, opt, x, y, **kw))
+    run = bench.training_workload(150)
+    assert built == [("vit", 2, 4, 16, 64, 7, (1, 28, 10))]
+    run()
+    run()
+    assert seen == [("SGD", 0.01, (150, 1, 28, 28), torch.uint8, (150,), 100)] * 2
+
+
+def test_the_busy_worker_trains_until_its_seconds_have_passed(monkeypatch, capsys):
+    """busy_worker: the policy's threads, one run, 'ready', then runs until the clock passes the end."""
+    runs, threads, clock = [], [], iter([100.0, 100.5, 101.0, 101.5, 102.0])
+    monkeypatch.setattr(bench, "training_workload", lambda n: lambda: runs.append(n))
+    monkeypatch.setattr(bench.torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    bench.busy_worker(3, 7, 1.2)  # to 101.2: the first run, then two more
+    assert runs == [7, 7, 7] and threads == [3] and capsys.readouterr().out == "ready\n"
+
+
+def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monkeypatch):
+    """shared_cpu_slowdown = busy time / alone time with one thread per process, _default the same with torch's
+    default threads in both (the worker started with them, timed once it says it is ready, then killed);
+    alone_default_speedup = alone with one thread / alone with the default; one thread at the end."""
+    log, times = [], iter([[[2.0]], [[3.0]], [[1.0]], [[4.0]]])
+
+    class Worker:
+        def __init__(self, argv, **kw):
+            log.append(("start", argv, kw))
+            self.stdout = types.SimpleNamespace(readline=lambda: log.append("ready") or "ready\n")
+
+        def kill(self):
+            log.append("kill")
+
+        def wait(self):
+            log.append("wait")
+
+    def rounds(fns, device, n):
+        log.append(("timed", torch.get_num_threads(), n))
+        return next(times)
+
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(bench.subprocess, "Popen", Worker)
+        monkeypatch.setattr(bench, "timed_rounds", rounds)
+        monkeypatch.setattr(bench, "training_workload", lambda n: log.append(("workload", n)))
+        monkeypatch.setattr(bench, "TORCH_DEFAULT_THREADS", 2)
+        out = bench.bench_shared_cpu(9, 3)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert out == {"shared_cpu_slowdown": 1.5, "shared_cpu_slowdown_default": 4.0, "torch_default_threads": 2,
+                   "alone_default_speedup": 2.0}
+    root = os.path.dirname(os.path.abspath(bench.__file__))
+    for k in (1, 2):
+        worker = [sys.executable, "-c", f"import bench; bench.busy_worker({k}, 9, 900)"]
+        assert log[:7] == [("workload", 9), ("timed", k, 3), ("start", worker, dict(cwd=root, stdout=subprocess.PIPE,
+                                                                                     text=True)),
+                           "ready", ("timed", k, 3), "kill", "wait"]
+        del log[:7]
+    assert log == []
+
+
+def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_reference_workload(monkeypatch):
+    """quickstart_s: `python synthetic.py` in a process of its own (one thread, from the repository, into a
+    temporary folder; 20 steps below n = 300), as the clock reads it; reference_s: the median of training_workload(n)'s
+    rounds; quickstart_ratio: the first over the second."""
+    seen, workloads = [], []
+    monkeypatch.setattr(bench, "training_workload", lambda n: workloads.append(n) or (lambda: None))
+    monkeypatch.setattr(bench, "timed_rounds", lambda fns, device, n: [[2.0], [1.0], [4.0]] if n == 3 else None)
+    monkeypatch.setattr(bench.subprocess, "run", lambda argv, **kw: seen.append((argv, kw)))
+    ticks = iter([5.0, 35.0, 0.0, 10.0])
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    threads = torch.get_num_threads()
+    try:
+        assert bench.bench_quickstart(120, 3) == {"quickstart_s": 30.0, "reference_s": 2.0, "quickstart_ratio": 15.0}
+        assert bench.bench_quickstart(300, 3)["quickstart_s"] == 10.0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    root = os.path.dirname(os.path.abspath(bench.__file__))
+    assert workloads == [120, 300]
+    for (argv, kw), steps in zip(seen, [["--steps", "20"], []]):
+        assert argv[:3] == [sys.executable, "synthetic.py", "--out-dir"] and argv[4:] == steps
+        assert not os.path.exists(argv[3])  # a temporary folder, gone
+        assert kw["cwd"] == root and kw["check"] and kw["capture_output"] and kw["env"]["OMP_NUM_THREADS"] == "1"
+        assert kw["env"]["PATH"] == os.environ["PATH"]
+
+
+def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(tmp_path, monkeypatch, capsys):
+    """On a CPU with --n-inputs N: the estimator on N 32x32 images (4x4 patches, the tiny ViT) and 16N 28x28 images
+    (7x7, the MLP); training on 30N images (the MLP) and 3N (the ViT); N images for the scattered mask, read_token,
+    the sensitivity during training and the paper's ViT; 10N for the corruptions, 3N for the shared CPU and 30N for
+    the quick start; MRPC-length pairs: N // 12 (at least 2) for the estimator, 256 evaluated and 256 trained on (32
+    and 16 below N = 10). Each figure is printed as measured; the file holds them all, with the arguments."""
+    seen = []
+
+    def shown(v):  # a tensor by its shape, a model by its class, the vision flags by the model size they give
+        if isinstance(v, torch.Tensor):
+            return tuple(v.shape)
+        if isinstance(v, torch.nn.Module):
+            return type(v).__name__
+        return ("args", v.dataset, v.depth, v.heads, v.dim_head) if hasattr(v, "dim_head") else v
+
+    def stub(name, figures=1.0):
+        def run(*a, **kw):
+            seen.append((name, [shown(v) for v in a], kw))
+            return {f"{name}_figure": figures}
+        return run
+
+    for name in ["estimator", "training", "scattered", "read_token", "read_token_training", "sens_during",
+                 "paper_vit", "language", "corruptions", "shared_cpu", "quickstart", "memory"]:
+        monkeypatch.setattr(bench, f"bench_{name}", stub(name, 0.123456))
+    for n, pairs, trained in [(24, 256, 256), (4, 32, 16)]:
+        out = tmp_path / f"b{n}.json"
+        args = bench.parse_args(["--n-inputs", str(n), "--device", "cpu", "--rounds", "3", "--batch-size", "64",
+                                 "--out", str(out)])
+        results = bench.run_all(args)
+        cpu, a = CPU, ("args", "fashionmnist", 4, 4, 16)  # the converged protocol's ViT
+        assert seen == [
+            ("estimator", ["vit", "TinyViT", (n, 64, 48), 64, 3, cpu], {}),
+            ("estimator", ["mlp", "TinyMLP", (16 * n, 16, 49), 64, 3, cpu], {}),
+            ("training", ["mlp", "MLP", (30 * n, 1, 28, 28), (30 * n,), 3, cpu], {}),
+            ("training", ["vit", "ViT", (3 * n, 1, 28, 28), (3 * n,), 3, cpu], {}),
+            ("scattered", [a, (n, 1, 28, 28), 3, cpu], {}),
+            ("read_token", [a, (n, 1, 28, 28), 3, cpu, pairs], {}),
+            ("read_token_training", [a, trained, 3, cpu], {}),
+            ("sens_during", [n, cpu], {}),
+            ("paper_vit", [n, 3, cpu], {}),
+            ("language", [max(2, n // 12), 3, cpu, pairs], {}),
+            ("corruptions", [cpu, 10 * n], {}),
+            ("shared_cpu", [3 * n, 3], {}),
+            ("quickstart", [30 * n, 3], {}),
+            ("memory", [cpu], {})], n
+        seen.clear()
+        names = ["estimator", "training", "scattered", "read_token", "read_token_training", "sens_during", "paper_vit",
+                 "language", "corruptions", "shared_cpu", "quickstart", "memory"]
+        assert results == {f"{k}_figure": 0.123456 for k in names}
+        printed = capsys.readouterr().out.splitlines()
+        assert printed == [f"{k}_figure 0.1235" for k in names] + [f"wrote {out}"]
+        data = json.loads(out.read_text())
+        assert data["results"] == results and data["args"]["n_inputs"] == n and data["env"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("accs, levels", [
+    ([0.1, 0.3, 0.3, 0.3, 0.5, 0.45, 0.6, 0.7, 0.7, 0.8], [4, 6, 9]),  # the first new highs from the 3rd, 5th, 9th
+    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7], [3, 5, 6]),  # none from the 9th: the last new high
+    ([0.1] * 10, [1])])  # no new high at all
+def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_asked(monkeypatch, accs, levels):
+    """sens_needed_speedup_vit = the clock's time of the run with --sens-during every / with needed and --match-acc
+    at the accuracies first reached at about the 3rd, 5th and 9th evaluations; sens_needed_measured: the evaluations
+    the second run measured. Both train the converged protocol's ViT on 3n images whose label is a brighter row, 9
+    epochs with an evaluation after each, Adam at 1e-3, sensitivity at sigma 0.1 and 1 on n / 10 images."""
+    runs = []
+
+    def train(name, seed, args, data, results, device):
+        runs.append((name, seed, vars(args), data))
+        rows = [{"train_acc": a, **({"sens": 0.1} if args.sens_during == "every" or i in levels else {})}
+                for i, a in enumerate(accs)]
+        results.data["runs"][f"{name}/seed{seed}"] = {"history": rows}
+
+    ticks = iter([0.0, 30.0, 100.0, 110.0])
+    monkeypatch.setattr(bench.vision, "train", train)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    out = bench.bench_sens_during(40, CPU)
+    assert out == {"sens_needed_speedup_vit": 3.0, "sens_needed_measured": len(levels)}
+    (_, _, every, data), (name, seed, needed, same) = runs
+    assert (name, seed) == ("vit", 0) and same is data
+    assert every["sens_during"] == "every" and needed["sens_during"] == "needed"
+    assert every["match_acc"] == [] and needed["match_acc"] == [accs[j] for j in levels]
+    for args in (every, needed):
+        assert (args["dataset"], args["depth"], args["heads"], args["dim_head"], args["epochs"], args["eval_every"],
+                args["batch_size"], args["n_sens"], args["sigma"], args["optimizer"], args["lr"]) == \
+            ("fake28", 4, 4, 16, 9, 1, 50, 4, [0.1, 1.0], "adam", ["1e-3"])  # a rate per model, as given
+    x, y = data["train_x"], data["train_y"]
+    assert x.shape == (120, 1, 28, 28) and x.dtype == torch.uint8 and y.shape == (120,)
+    assert torch.equal(data["test_x"], x[:40]) and torch.equal(data["test_y"], y[:40])
+    rows = x.float().mean((1, 3))  # (120, 28): each image's row brightness
+    bright = rows[torch.arange(120), 2 * y + 4]
+    others = (rows.sum(1) - bright) / 27
+    assert (rows.argmax(1) == 2 * y + 4).all() and abs((bright - others).mean() - 60) < 3  # 60 grey levels up

@@ -131,7 +131,10 @@ TARGETS = {
                   ["tests/test_parity.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
     # the baselines that bench.py's speed-ups divide by, and how it times them (the figures its issues quote)
     "bench.py": (["timed_rounds", "median", "naive_sensitivity", "bench_estimator", "epoch_on_device",
-                  "bench_training", "reserve", "main"], ["tests/test_bench.py"]),
+                  "bench_training", "reserve", "main", "mrpc_like", "bench_language", "bench_scattered",
+                  "bench_read_token", "bench_read_token_training", "vit_every_token", "bench_sens_during",
+                  "bench_paper_vit", "training_workload", "busy_worker", "bench_shared_cpu", "bench_quickstart",
+                  "bench_corruptions", "rss_mb", "bench_memory", "run_all"], ["tests/test_bench.py"]),
     # what says that a refactor changed no number
     "tools/same_numbers.py": (["compare"], ["tests/test_reproduce.py::test_same_numbers_compares_every_value_and_names_"
                                             "what_changed"]),
