@@ -287,13 +287,14 @@ def bench_language(n, rounds, device, n_pairs=256):
     mask = tokens != language.PAD
     evals = int(mask.sum())
 
-    def forwards():  # plain forward passes over as many rows, at the estimator's batch size
-        e = roberta.embed_normed(tokens)
+    def forwards():  # plain forward passes over as many rows, at the estimator's batch size; how many
+        e, done = roberta.embed_normed(tokens), 0
         bs = default_batch_size(e)
         rows = torch.arange(evals, device=device) % len(tokens)
         with torch.inference_mode():
             for i in range(0, evals, bs):
-                roberta.forward_normed(e[rows[i:i + bs]], mask[rows[i:i + bs]])
+                done += len(roberta.forward_normed(e[rows[i:i + bs]], mask[rows[i:i + bs]]))
+        return done
 
     def measure():  # the estimator, as language.py runs it on RoBERTa
         return language.measure_sensitivity(roberta, tokens, sigma=1.0, reps=1, positions=None, align="right", seed=0)
@@ -321,9 +322,11 @@ def bench_language(n, rounds, device, n_pairs=256):
     labels = torch.zeros(len(pairs), dtype=torch.long, device=device)
 
     @torch.no_grad()
-    def unsorted():  # evaluate's batches before the sort: the pairs in their own order
+    def unsorted():  # evaluate's batches before the sort: the pairs in their own order; its mean loss
+        total = 0.0
         for idx in torch.arange(len(pairs), device=device).split(32):
-            F.cross_entropy(roberta(language.trim(pairs[idx])), labels[idx])
+            total += F.cross_entropy(roberta(language.trim(pairs[idx])), labels[idx], reduction="sum")
+        return total / len(pairs)
 
     times = timed_rounds([lambda: language.evaluate(roberta, pairs, labels, batch_size=32), unsorted], device, rounds)
     out["eval_sorted_speedup_roberta"] = median([t[1] / t[0] for t in times])
@@ -332,7 +335,9 @@ def bench_language(n, rounds, device, n_pairs=256):
 
     def step(fused):
         lstm.fused = fused
-        F.cross_entropy(lstm(batch), torch.zeros(32, dtype=torch.long, device=device)).backward()
+        loss = F.cross_entropy(lstm(batch), torch.zeros(32, dtype=torch.long, device=device))
+        loss.backward()
+        return loss.detach()
 
     times = timed_rounds([lambda: step(True), lambda: step(False)], device, rounds)
     out["lstm_fused_speedup"] = median([t[1] / t[0] for t in times])

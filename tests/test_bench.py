@@ -210,6 +210,7 @@ def test_mrpc_like_pairs_have_mrpcs_lengths_and_are_padded_on_the_right():
     assert lengths.min() == 20 and lengths.max() <= 101 and tokens.shape[1] == lengths.max()
     assert torch.equal(real, torch.arange(tokens.shape[1]) < lengths[:, None])  # right-padded
     assert tokens[real].min() == 4 and tokens[real].max() == 999
+    assert bench.mrpc_like(20000, CPU, seed=3).shape[1] == 101  # one pair drawn at 102, cut to 101
     assert torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=5))
     assert not torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=6))
 
@@ -230,9 +231,10 @@ def test_the_scattered_figure_times_the_same_draws_in_two_batch_sizes(monkeypatc
 
 
 def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monkeypatch):
-    """est_eff_roberta = forward time / the estimator's, the prefix cache's, the buckets', the sorted evaluation's and
-    the fused LSTM's speed-ups = the other's time / theirs, each the median over rounds; the prefix cache and the
-    buckets give the same sensitivities as without them."""
+    """est_eff_roberta = forward time / the estimator's (over as many rows as it evaluates), the prefix cache's, the
+    buckets', the sorted evaluation's and the fused LSTM's speed-ups = the other's time / theirs, each the median
+    over rounds; the prefix cache and the buckets give the same sensitivities as without them, the sorted
+    evaluation the loss of the pairs in their own order; each LSTM step computes a loss."""
     import language
 
     calls, seen, real = standing_in(monkeypatch), [], language.measure_sensitivity
@@ -243,10 +245,13 @@ def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monk
                    "est_prefix_speedup_gpt2": 2.0, "est_prefix_speedup_gpt2_sampled": 2.0,
                    "est_bucket_speedup_roberta": 2.0, "eval_sorted_speedup_roberta": 2.0, "lstm_fused_speedup": 2.0}
     (sens, _), forwards = calls[0]  # measure_sensitivity gives (Sensitivity, counts per position)
-    assert forwards is None and sens.evaluations == int((bench.mrpc_like(2, CPU) != language.PAD).sum())
+    assert forwards == sens.evaluations == int((bench.mrpc_like(2, CPU) != language.PAD).sum())
     for (fast, _), (slow, _) in calls[1:6]:  # the prefix caches (4) and the buckets
         assert torch.equal(fast.per_input, slow.per_input) and fast.evaluations == slow.evaluations
-    assert len(calls[6][0]) == 3 and calls[6][1] is None  # language.evaluate's numbers, then the unsorted batches
+    (loss, _, _), unsorted = calls[6]  # language.evaluate's sorted batches, then the pairs in their own order
+    assert float(unsorted) == pytest.approx(loss, rel=1e-5)
+    for loss in calls[7]:  # a training step's loss with torch.nn.LSTM, then the hand-written cell (dropout on)
+        assert loss.shape == () and abs(float(loss) - math.log(2)) < 0.2  # two classes, barely trained
     common = dict(reps=1, align="right", seed=0)
     assert [(name, training, n, kw) for name, training, n, kw in seen] == [
         ("TextTransformer", False, 2, dict(sigma=1.0, positions=None, **common))] + [
@@ -359,7 +364,9 @@ def test_the_memory_figure_is_the_sampled_peak_over_the_start_of_a_million_evalu
         return readings.pop(0)
 
     def estimator(f, x, perturb, *, reps, batch_size):
-        while len(readings) > 4 or readings[0] != 130.0:  # the sampler has read 100 and 160 during the run
+        deadline = time.monotonic() + 30
+        while len(readings) > 4 or readings[0] != 130.0:  # until the sampler has read 100 and 160 during the run
+            assert time.monotonic() < deadline, "no memory sampled while the estimator ran"
             time.sleep(0.001)
         seen.append((tuple(x.shape), reps, batch_size, tuple(f(x[:3], None).shape)))
         return types.SimpleNamespace(evaluations=len(x) * x.shape[1] * reps)
