@@ -1,6 +1,7 @@
 """bench.py: one round at tiny sizes runs every benchmark, and every figure comes out finite and positive; the
 baselines its speed-ups divide by do the work they claim, and each figure is the ratio of the rounds it timed."""
 
+import copy
 import json
 import math
 import os
@@ -215,17 +216,37 @@ def test_mrpc_like_pairs_have_mrpcs_lengths_and_are_padded_on_the_right():
     assert not torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=6))
 
 
+def loud(monkeypatch, built):
+    """vision.build_model with every weight drawn from N(0, 1): random models whose predictions noise flips (at
+    PyTorch's initialisation a small ViT gives no flip at all). Each model is kept in `built` with its arguments."""
+    real = bench.vision.build_model
+
+    def build(name, args, *shape):
+        model = real(name, args, *shape)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0, 1)
+        built.append((model, name, shape))
+        return model
+
+    monkeypatch.setattr(bench.vision, "build_model", build)
+
+
 def test_the_scattered_figure_times_the_same_draws_in_two_batch_sizes(monkeypatch):
     """scattered_rows_speedup: the authors' mask through the model in its default rows / in 2,048 rows, the same
     masks and noise (the same per-image flips), for the CNN and the ViT."""
-    calls, seen, real = standing_in(monkeypatch), [], bench.vision.scattered_sensitivity
+    calls, seen, built, real = standing_in(monkeypatch), [], [], bench.vision.scattered_sensitivity
     monkeypatch.setattr(bench.vision, "scattered_sensitivity",
                         lambda m, x, *a, **kw: seen.append((type(m).__name__, m.training, len(x), a, kw))
                         or real(m, x, *a, **kw))
+    loud(monkeypatch, built)
+    torch.manual_seed(0)
     out = bench.bench_scattered(small_vit_args(), torch.randn(6, 1, 28, 28), 3, CPU)
     assert out == {"scattered_rows_speedup_cnn": 2.0, "scattered_rows_speedup_vit": 2.0}
+    assert [(name, shape) for _, name, shape in built] == [("cnn", (1, 28, 10)), ("vit", (1, 28, 10))]
     for default, wide in calls:
         assert torch.equal(default.per_input, wide.per_input) and default.evaluations == wide.evaluations == 6 * 49
+        assert default.mean > 0
     assert [s[0] for s in seen] == ["CNN"] * 2 + ["ViT"] * 2 and not any(s[1] for s in seen)
     assert [s[2:] for s in seen] == [(6, (4, 1.0, 49, 0), {}), (6, (4, 1.0, 49, 0), {"rows": 2048})] * 2
 
@@ -234,13 +255,29 @@ def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monk
     """est_eff_roberta = forward time / the estimator's (over as many rows as it evaluates), the prefix cache's, the
     buckets', the sorted evaluation's and the fused LSTM's speed-ups = the other's time / theirs, each the median
     over rounds; the prefix cache and the buckets give the same sensitivities as without them, the sorted
-    evaluation the loss of the pairs in their own order; each LSTM step computes a loss."""
+    evaluation the loss of the pairs in their own order, both in batches of 32; each LSTM step computes a loss."""
     import language
 
-    calls, seen, real = standing_in(monkeypatch), [], language.measure_sensitivity
+    calls, batches, seen, real = [], [], [], language.measure_sensitivity
+
+    def rounds(fns, device, n):  # as standing_in, and the batches each method called a model with
+        calls.append([])
+        for fn in fns:
+            batches.append([])
+            calls[-1].append(fn())
+        return TIMES
+
+    def build(*a):
+        built.append(make(*a))
+        built[-1].register_forward_pre_hook(lambda m, x: batches[-1].append(len(x[0])) if batches else None)
+        return built[-1]
+
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
     monkeypatch.setattr(language, "measure_sensitivity", lambda m, x, **kw: seen.append(
         (type(m).__name__, m.training, len(x), kw)) or real(m, x, **kw))
-    out = bench.bench_language(2, 3, CPU, n_pairs=8)
+    built, make = [], language.build_model
+    monkeypatch.setattr(language, "build_model", build)
+    out = bench.bench_language(2, 3, CPU, n_pairs=40)
     assert out == {"est_eff_roberta": 2.0, "est_prefix_speedup_lstm": 2.0, "est_prefix_speedup_lstm_sampled": 2.0,
                    "est_prefix_speedup_gpt2": 2.0, "est_prefix_speedup_gpt2_sampled": 2.0,
                    "est_bucket_speedup_roberta": 2.0, "eval_sorted_speedup_roberta": 2.0, "lstm_fused_speedup": 2.0}
@@ -250,8 +287,15 @@ def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monk
         assert torch.equal(fast.per_input, slow.per_input) and fast.evaluations == slow.evaluations
     (loss, _, _), unsorted = calls[6]  # language.evaluate's sorted batches, then the pairs in their own order
     assert float(unsorted) == pytest.approx(loss, rel=1e-5)
+    assert sorted(batches[12]) == [8, 32] and batches[13] == [32, 8]  # 40 pairs in batches of 32
     for loss in calls[7]:  # a training step's loss with torch.nn.LSTM, then the hand-written cell (dropout on)
         assert loss.shape == () and abs(float(loss) - math.log(2)) < 0.2  # two classes, barely trained
+    roberta, _, gpt2, lstm = built  # RoBERTa, the two causal models, and the LSTM those steps trained
+    assert [type(m).__name__ for m in built] == ["TextTransformer", "LSTMClassifier", "TextTransformer",
+                                                "LSTMClassifier"]
+    assert (roberta.causal, roberta.blocks[0].attn, gpt2.causal, gpt2.blocks[0].attn) == (False, "softmax", True,
+                                                                                          "softmax")
+    assert lstm.training and all(p.grad is not None for p in lstm.parameters() if p.requires_grad)
     common = dict(reps=1, align="right", seed=0)
     assert [(name, training, n, kw) for name, training, n, kw in seen] == [
         ("TextTransformer", False, 2, dict(sigma=1.0, positions=None, **common))] + [
@@ -263,16 +307,55 @@ def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monk
 
 def test_the_read_token_figures_compare_the_same_predictions(monkeypatch):
     """read_token_speedup: every token / the read token alone, for the ViT's sensitivity (patch mask, sigma 1) and the
-    language models' logits (RoBERTa's forward, GPT-2's resumed from its prefix cache); the same answers either way,
-    and each model evaluating again afterwards."""
-    calls = standing_in(monkeypatch)
-    out = bench.bench_read_token(small_vit_args(), torch.randn(3, 1, 28, 28), 3, CPU, n_pairs=5)
+    language models' logits (RoBERTa's forward, GPT-2's resumed from its prefix cache at a random position of each
+    pair); the same answers either way. Every token is the ViT's vit_every_token and the language models' training
+    flag alone (the ViT's stays off), and each model evaluates again afterwards."""
+    import language
+
+    calls, log, built, forward_from = [], [], [], language.TextTransformer.forward_from
+
+    def rounds(fns, device, n):  # as standing_in, and what each method's forward passes saw
+        calls.append([])
+        for fn in fns:
+            log.append([])
+            calls[-1].append(fn())
+        return TIMES
+
+    loud(monkeypatch, built)
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
+    every_token = bench.vit_every_token
+    monkeypatch.setattr(bench, "vit_every_token", lambda vit, img: log[-1].append("every") or every_token(vit, img))
+    monkeypatch.setattr(language.TextTransformer, "forward_from", lambda self, e, mask, start, *a: log[-1].append(
+        ("gpt2", self.training, start, mask.sum(1))) or forward_from(self, e, mask, start, *a))
+    models, make = [], language.build_model
+
+    def build(*a):  # each language model, noting its training flag at each call
+        models.append(make(*a))
+        models[-1].register_forward_pre_hook(lambda m, x: log[-1].append(("called", m.training)) if log else None)
+        return models[-1]
+
+    monkeypatch.setattr(language, "build_model", build)
+    sigmas = []
+    monkeypatch.setattr(bench, "gaussian", lambda sigma: sigmas.append(sigma) or gaussian(sigma))
+    torch.manual_seed(0)
+    out = bench.bench_read_token(small_vit_args(), torch.randn(3, 1, 28, 28), 3, CPU, n_pairs=70)
     assert out == {"read_token_speedup_vit": 2.0, "read_token_speedup_roberta": 2.0, "read_token_speedup_gpt2": 2.0}
+    (vit, name, shape), = built
+    assert (name, shape) == ("vit", (1, 28, 10)) and not vit.training
     (alone, every), *language_models = calls
-    assert torch.equal(alone.per_input, every.per_input) and alone.evaluations == 3 * 49
+    assert torch.equal(alone.per_input, every.per_input) and alone.evaluations == 3 * 49 and alone.mean > 0
     for alone, every in language_models:
-        assert len(alone) == len(every) == 1 and alone[0].shape == (5, 2)
-        assert torch.allclose(alone[0], every[0], atol=1e-5)
+        assert [len(x) for x in alone] == [len(x) for x in every] == [64, 6] and alone[0].shape[1] == 2
+        assert torch.allclose(torch.cat(alone), torch.cat(every), atol=1e-5)
+    assert "every" not in log[0] and "every" in log[1] and sigmas == [1.0, 1.0]
+    assert log[2] == [("called", False)] * 2 and log[3] == [("called", True)] * 2  # RoBERTa's two batches
+    roberta, gpt2 = models
+    assert (roberta.causal, roberta.blocks[0].attn, gpt2.causal, gpt2.blocks[0].attn) == (False, "softmax", True,
+                                                                                          "softmax")
+    assert not roberta.training and not gpt2.training
+    assert [flag for _, flag, *_ in log[4] + log[5]] == [False, False, True, True]  # GPT-2's two batches, each way
+    start, length = (torch.cat(v) for v in zip(*[entry[2:] for entry in log[4]]))
+    assert (start >= 0).all() and (start < length).all() and 0.3 < (start / length).mean() < 0.7  # uniform
 
 
 def test_vit_every_token_is_the_vits_forward_on_every_token():
@@ -284,29 +367,63 @@ def test_vit_every_token_is_the_vits_forward_on_every_token():
 
 
 def test_the_read_token_training_figures_train_both_ways(monkeypatch):
-    """read_token_train_speedup_<parity_64|parity_128|vit>: AdamW steps (lr 1e-3) on every token / on the read token
-    alone, each way changing every weight that gets a gradient: parity.py's transformer at widths 64 and 128, then
-    the ViT."""
-    params, moved, real = [], [], torch.optim.AdamW
+    """read_token_train_speedup_<parity_64|parity_128|vit>: 5 AdamW steps (lr 1e-3) on every token / on the read token
+    alone, each way giving every weight a gradient and changing it, with the same losses from the same start (the
+    ViT's dropout draws included): parity.py's transformer (20 bits, 4 heads, 2 blocks) at widths 64 and 128 on n
+    sequences, then the ViT on 100 28x28 images."""
+    import parity
+
+    params, opts, moved, batches, real = [], [], [], [], torch.optim.AdamW
 
     def adamw(p, lr):
         params.append((list(p), lr))
-        return real(params[-1][0], lr=lr)
+        opts.append(real(params[-1][0], lr=lr))
+        step = opts[-1].step
+        opts[-1].step = lambda: batches[-1].append("step") or step()
+        return opts[-1]
 
-    def rounds(fns, device, n):
+    def rounds(fns, device, n):  # each way from the same weights, optimiser state and random draws
+        weights, state, rng = [p.detach().clone() for p in params[-1][0]], copy.deepcopy(opts[-1].state_dict()), \
+            torch.get_rng_state()
         for fn in fns:
-            before = [p.detach().clone() for p in params[-1][0]]
+            with torch.no_grad():
+                for p, w in zip(params[-1][0], weights):
+                    p.copy_(w)
+            opts[-1].load_state_dict(copy.deepcopy(state))
+            torch.set_rng_state(rng)
+            batches.append([])
             fn()
-            moved.append(all(not torch.equal(a, p) for a, p in zip(before, params[-1][0]) if p.grad is not None))
+            moved.append(all(p.grad is not None and not torch.equal(w, p) for w, p in zip(weights, params[-1][0])))
         return TIMES
 
+    models, built, transformer, build, ce = [], [], parity.ParityTransformer, bench.vision.build_model, F.cross_entropy
     monkeypatch.setattr(torch.optim, "AdamW", adamw)
     monkeypatch.setattr(bench, "timed_rounds", rounds)
-    out = bench.bench_read_token_training(small_vit_args(), 16, 3, CPU)
+    def parity_model(*a):  # noting its inputs
+        models.append(a)
+        model = transformer(*a)
+        model.register_forward_pre_hook(lambda m, x: bits.append(x[0]))
+        return model
+
+    bits = []
+    monkeypatch.setattr(parity, "ParityTransformer", parity_model)
+    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append((name, shape)) or build(
+        name, args, *shape))
+    monkeypatch.setattr(F, "cross_entropy", lambda out, y: batches[-1].append((len(y), ce(out, y))) or
+                        batches[-1][-1][1])
+    out = bench.bench_read_token_training(small_vit_args(), 64, 3, CPU)
     assert out == {"read_token_train_speedup_parity_64": 2.0, "read_token_train_speedup_parity_128": 2.0,
                    "read_token_train_speedup_vit": 2.0}
     assert moved == [True] * 6 and [lr for _, lr in params] == [1e-3] * 3
-    assert [p[0].shape for p, _ in params[:2]] == [(1, 21, 64), (1, 21, 128)]  # positions of 20 bits and the class
+    assert models == [(20, 64, 4, 2), (20, 128, 4, 2)] and built == [("vit", (1, 28, 10))]
+    bits = torch.cat(bits)  # random bits as +-1, each sequence of 20 as parity.py takes it
+    assert bits.shape == (64 * 5 * 2, 20, 1) and set(bits.unique().tolist()) == {-1.0, 1.0} and abs(bits.mean()) < 0.1
+    assert [[b if b == "step" else b[0] for b in steps] for steps in batches] == \
+        [[64, "step"] * 5] * 4 + [[100, "step"] * 5] * 2
+    for alone, every in zip(batches[::2], batches[1::2]):  # the same losses either way (Adam's steps on gradients
+        losses = [[b[1].item() for b in steps if b != "step"] for steps in (alone, every)]  # of float noise aside)
+        assert losses[0][0] == pytest.approx(losses[1][0], abs=1e-6)
+        assert losses[0] == pytest.approx(losses[1], abs=1e-3)
 
 
 def test_the_paper_vits_step_on_a_cpu_is_one_sgd_step_of_the_authors_vit(monkeypatch):
@@ -532,11 +649,11 @@ def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(t
         assert data["results"] == results and data["args"]["n_inputs"] == n and data["env"]["device"] == "cpu"
 
 
-@pytest.mark.parametrize("accs, levels", [
-    ([0.1, 0.3, 0.3, 0.3, 0.5, 0.45, 0.6, 0.7, 0.7, 0.8], [4, 6, 9]),  # the first new highs from the 3rd, 5th, 9th
-    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7], [3, 5, 6]),  # none from the 9th: the last new high
-    ([0.1] * 10, [1])])  # no new high at all
-def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_asked(monkeypatch, accs, levels):
+@pytest.mark.parametrize("accs, levels, n", [
+    ([0.1, 0.3, 0.3, 0.3, 0.5, 0.45, 0.6, 0.7, 0.7, 0.8], [4, 6, 9], 40),  # the first new highs from the 3rd, 5th, 9th
+    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7], [3, 5, 6], 40),  # none from the 9th: the last new high
+    ([0.1] * 10, [1], 20)])  # no new high at all (n / 10 at the floor of 2)
+def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_asked(monkeypatch, accs, levels, n):
     """sens_needed_speedup_vit = the clock's time of the run with --sens-during every / with needed and --match-acc
     at the accuracies first reached at about the 3rd, 5th and 9th evaluations; sens_needed_measured: the evaluations
     the second run measured. Both train the converged protocol's ViT on 3n images whose label is a brighter row, 9
@@ -545,14 +662,15 @@ def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_a
 
     def train(name, seed, args, data, results, device):
         runs.append((name, seed, vars(args), data))
+        folders.append((results.folder, results.data["script"], results.data["args"] == vars(args)))
         rows = [{"train_acc": a, **({"sens": 0.1} if args.sens_during == "every" or i in levels else {})}
                 for i, a in enumerate(accs)]
         results.data["runs"][f"{name}/seed{seed}"] = {"history": rows}
 
-    ticks = iter([0.0, 30.0, 100.0, 110.0])
+    ticks, folders = iter([0.0, 30.0, 100.0, 110.0]), []
     monkeypatch.setattr(bench.vision, "train", train)
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
-    out = bench.bench_sens_during(40, CPU)
+    out = bench.bench_sens_during(n, CPU)
     assert out == {"sens_needed_speedup_vit": 3.0, "sens_needed_measured": len(levels)}
     (_, _, every, data), (name, seed, needed, same) = runs
     assert (name, seed) == ("vit", 0) and same is data
@@ -561,11 +679,18 @@ def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_a
     for args in (every, needed):
         assert (args["dataset"], args["depth"], args["heads"], args["dim_head"], args["epochs"], args["eval_every"],
                 args["batch_size"], args["n_sens"], args["sigma"], args["optimizer"], args["lr"]) == \
-            ("fake28", 4, 4, 16, 9, 1, 50, 4, [0.1, 1.0], "adam", ["1e-3"])  # a rate per model, as given
+            ("fake28", 4, 4, 16, 9, 1, 50, max(2, n // 10), [0.1, 1.0], "adam", ["1e-3"])  # a rate per model, as given
     x, y = data["train_x"], data["train_y"]
-    assert x.shape == (120, 1, 28, 28) and x.dtype == torch.uint8 and y.shape == (120,)
-    assert torch.equal(data["test_x"], x[:40]) and torch.equal(data["test_y"], y[:40])
-    rows = x.float().mean((1, 3))  # (120, 28): each image's row brightness
-    bright = rows[torch.arange(120), 2 * y + 4]
+    assert x.shape == (3 * n, 1, 28, 28) and x.dtype == torch.uint8 and y.shape == (3 * n,)
+    assert torch.equal(data["test_x"], x[:n]) and torch.equal(data["test_y"], y[:n])
+    rows = x.float().mean((1, 3))  # (3n, 28): each image's row brightness
+    bright = rows[torch.arange(3 * n), 2 * y + 4]
     others = (rows.sum(1) - bright) / 27
     assert (rows.argmax(1) == 2 * y + 4).all() and abs((bright - others).mean() - 60) < 3  # 60 grey levels up
+    on = torch.zeros(3 * n, 1, 28, 28, dtype=torch.bool)
+    on[torch.arange(3 * n), :, 2 * y + 4] = True
+    assert (x[on].min(), x[on].max(), x[~on].min(), x[~on].max()) == (60, 219, 0, 159)  # 0-159, and 60 more
+    assert set(y.tolist()) == set(range(10))
+    for folder, script, same_args in folders:  # each run's results in a temporary folder of its own, gone after
+        assert script == "vision" and same_args and not os.path.exists(folder)
+    assert folders[0][0] != folders[1][0]
