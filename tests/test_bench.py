@@ -429,45 +429,67 @@ def test_the_read_token_training_figures_train_both_ways(monkeypatch):
 def test_the_paper_vits_step_on_a_cpu_is_one_sgd_step_of_the_authors_vit(monkeypatch):
     """paper_vit_step_ms: the median time of a training step (one per round on a CPU) in ms, of the authors' ViT
     (depth 8, 32 heads of 64, 28x28 images of one channel, 10 classes) at its SGD rate, on min(100, n) images."""
-    built, steps, real_build, real_step = [], [], bench.vision.build_model, torch.optim.SGD.step
+    built, steps, models, real_build, real_step = [], [], [], bench.vision.build_model, torch.optim.SGD.step
     monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append(
-        (name, args.depth, args.heads, args.dim_head, shape)) or real_build(name, args, *shape))
+        (name, args.depth, args.heads, args.dim_head, shape)) or models.append(real_build(name, args, *shape))
+        or models[-1])
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(self.param_groups[0]["lr"])
                         or real_step(self, *a))
     seen, ce = [], F.cross_entropy
     monkeypatch.setattr(F, "cross_entropy", lambda out, y: seen.append(len(y)) or ce(out, y))
-    calls = standing_in(monkeypatch, [[0.5], [0.25], [2.0]])
+    moved = []
+
+    def rounds(fns, device, n):  # the step, once: it changes every weight
+        before = [p.detach().clone() for p in models[0].parameters()]
+        fns[0]()
+        moved.append(all(p.grad is not None and not torch.equal(a, p) for a, p in zip(before,
+                                                                                      models[0].parameters())))
+        return [[0.5], [0.25], [2.0]]
+
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
     assert bench.bench_paper_vit(3, 3, CPU) == {"paper_vit_step_ms": 500.0}
-    assert built == [("vit", 8, 32, 64, (1, 28, 10))] and len(calls) == 1
+    assert moved == [True]
+    assert built == [("vit", 8, 32, 64, (1, 28, 10))]
     assert steps == [bench.vision.learning_rate("vit", bench.vision.parse_args(["--dataset", "fashionmnist"]))]
     assert seen == [3]
+    sizes, randint = [], torch.randint  # at most 100 images (the step itself is not taken again)
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, **kw: sizes.append(size) or randint(low, high, size,
+                                                                                                      **kw))
+    monkeypatch.setattr(bench, "timed_rounds", lambda fns, device, n: [[1.0]])
+    bench.bench_paper_vit(150, 3, CPU)
+    assert sizes == [(100, 1, 28, 28), (100,)]
 
 
 def test_the_corruption_figure_counts_every_image_of_every_corruption_but_frost_at_every_severity(monkeypatch):
-    """corruption_images_per_s: n images x 18 corruptions (all but frost) x 5 severities over the seconds the clock
-    read between the first and the last, after a warm-up on 10 images."""
+    """corruption_images_per_s: n 32x32x3 images x 18 corruptions (all but frost) x 5 severities over the seconds the
+    clock read between the first and the last, after a warm-up on 10 images."""
     import corruptions
 
     seen, real = [], corruptions.corrupt
-    monkeypatch.setattr(corruptions, "corrupt", lambda x, name, s, g, **kw: seen.append((len(x), name, s))
+    monkeypatch.setattr(corruptions, "corrupt", lambda x, name, s, g, **kw: seen.append((x.shape, name, s))
                         or real(x, name, s, g, **kw))
     ticks = iter([10.0, 14.0])
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     out = bench.bench_corruptions(CPU, n=12)
     names = [c for c in corruptions.SEVERITY if c != "frost"]
     assert len(names) == 18 and out == {"corruption_images_per_s": 12 * 18 * 5 / 4.0}
-    assert seen == [(10, "fog", 1)] + [(12, name, s) for name in names for s in range(1, 6)]
+    assert seen == [((10, 3, 32, 32), "fog", 1)] + [((12, 3, 32, 32), name, s) for name in names for s in range(1, 6)]
 
 
 def test_rss_mb_is_this_process_resident_memory():
-    """Resident memory in MB: below the process's peak, and up by about 200 MB once 200 MB are written."""
+    """Resident memory in MB (2^20 bytes, as /proc/self/statm's pages give it): below the process's peak, and up by
+    about 200 MB once 200 MB are written."""
     import resource
+
+    def statm_mb():  # the same, read as resident pages
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     before = bench.rss_mb()
     x = torch.ones(50_000_000)  # 200 MB, written
-    after = bench.rss_mb()
+    after, pages = bench.rss_mb(), statm_mb()
     assert 0 < before < after <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + 1
-    assert 150 < after - before < 260
+    assert 150 < after - before < 260 and after > 300 and abs(after - pages) < 0.2  # in MB of 2^20 bytes
     del x
 
 
@@ -525,11 +547,25 @@ def test_the_busy_worker_trains_until_its_seconds_have_passed(monkeypatch, capsy
     assert runs == [7, 7, 7] and threads == [3] and capsys.readouterr().out == "ready\n"
 
 
+def test_the_busy_worker_says_ready_through_a_pipe_while_it_runs():
+    """bench_shared_cpu reads the worker's 'ready' through a pipe before it times: the line must come through while
+    the worker trains (a pipe's buffer would hold it until the worker ends), and the worker trains on until killed."""
+    root = os.path.dirname(os.path.abspath(bench.__file__))
+    worker = subprocess.Popen([sys.executable, "-c", "import bench; bench.busy_worker(1, 20, 120)"], cwd=root,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        t = time.time()
+        assert worker.stdout.readline() == "ready\n" and time.time() - t < 60 and worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monkeypatch):
     """shared_cpu_slowdown = busy time / alone time with one thread per process, _default the same with torch's
     default threads in both (the worker started with them, timed once it says it is ready, then killed);
     alone_default_speedup = alone with one thread / alone with the default; one thread at the end."""
-    log, times = [], iter([[[2.0]], [[3.0]], [[1.0]], [[4.0]]])
+    log, times = [], iter([[[2.0]], [[3.0]], [[0.5]], [[4.0]]])
 
     class Worker:
         def __init__(self, argv, **kw):
@@ -556,8 +592,8 @@ def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monke
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
-    assert out == {"shared_cpu_slowdown": 1.5, "shared_cpu_slowdown_default": 4.0, "torch_default_threads": 2,
-                   "alone_default_speedup": 2.0}
+    assert out == {"shared_cpu_slowdown": 1.5, "shared_cpu_slowdown_default": 8.0, "torch_default_threads": 2,
+                   "alone_default_speedup": 4.0}
     root = os.path.dirname(os.path.abspath(bench.__file__))
     for k in (1, 2):
         worker = [sys.executable, "-c", f"import bench; bench.busy_worker({k}, 9, 900)"]
@@ -578,6 +614,7 @@ def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_ref
     monkeypatch.setattr(bench.subprocess, "run", lambda argv, **kw: seen.append((argv, kw)))
     ticks = iter([5.0, 35.0, 0.0, 10.0])
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's: the quick start still gets one
     threads = torch.get_num_threads()
     try:
         assert bench.bench_quickstart(120, 3) == {"quickstart_s": 30.0, "reference_s": 2.0, "quickstart_ratio": 15.0}
@@ -586,7 +623,7 @@ def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_ref
     finally:
         torch.set_num_threads(threads)
     root = os.path.dirname(os.path.abspath(bench.__file__))
-    assert workloads == [120, 300]
+    assert workloads == [120, 300] and len(seen) == 2
     for (argv, kw), steps in zip(seen, [["--steps", "20"], []]):
         assert argv[:3] == [sys.executable, "synthetic.py", "--out-dir"] and argv[4:] == steps
         assert not os.path.exists(argv[3])  # a temporary folder, gone
@@ -652,7 +689,7 @@ def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(t
 @pytest.mark.parametrize("accs, levels, n", [
     ([0.1, 0.3, 0.3, 0.3, 0.5, 0.45, 0.6, 0.7, 0.7, 0.8], [4, 6, 9], 40),  # the first new highs from the 3rd, 5th, 9th
     ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7], [3, 5, 6], 40),  # none from the 9th: the last new high
-    ([0.1] * 10, [1], 20)])  # no new high at all (n / 10 at the floor of 2)
+    ([0.5, 0.45, 0.4, 0.4, 0.3, 0.3, 0.3, 0.2, 0.2, 0.1], [1], 20)])  # no new high (n / 10 at the floor of 2)
 def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_asked(monkeypatch, accs, levels, n):
     """sens_needed_speedup_vit = the clock's time of the run with --sens-during every / with needed and --match-acc
     at the accuracies first reached at about the 3rd, 5th and 9th evaluations; sens_needed_measured: the evaluations
