@@ -551,8 +551,9 @@ def test_the_busy_worker_says_ready_through_a_pipe_while_it_runs():
     """bench_shared_cpu reads the worker's 'ready' through a pipe before it times: the line must come through while
     the worker trains (a pipe's buffer would hold it until the worker ends), and the worker trains on until killed."""
     root = os.path.dirname(os.path.abspath(bench.__file__))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's own buffering, as bench.py's
     worker = subprocess.Popen([sys.executable, "-c", "import bench; bench.busy_worker(1, 20, 120)"], cwd=root,
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              stdout=subprocess.PIPE, text=True, env={**env, "OMP_NUM_THREADS": "1"})
     try:
         t = time.time()
         assert worker.stdout.readline() == "ready\n" and time.time() - t < 60 and worker.poll() is None
