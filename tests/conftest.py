@@ -1,6 +1,7 @@
-"""What several test files share: stopping a run in the middle of its training; the losses its divergence checks
-see; what its loop tells its progress and checkpoints; its optimizer's steps; a spy on a function's keyword
-arguments; a synthetic run's final record; the figures report.py draws. And the order the suite runs in."""
+"""What several test files share: stopping a run in the middle of its training; the losses its divergence checks see;
+what its loop tells its progress and checkpoints; its optimizer's steps; torch's thread count kept; a spy on a
+function's keyword arguments; a synthetic run's final record; the figures report.py draws. And the order the suite
+runs in."""
 
 import os
 import signal
@@ -25,6 +26,14 @@ def stop_at_backward(monkeypatch, n, how="ctrl-c"):
         return real(self, *a, **k)
 
     monkeypatch.setattr(torch.Tensor, "backward", backward)
+
+
+@pytest.fixture
+def kept_threads():
+    """torch's thread count as it was before the test, put back after it (for code that sets its own)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def divergence_checks(monkeypatch):

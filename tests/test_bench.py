@@ -177,17 +177,23 @@ def test_the_reserved_results_file_is_readable_by_all_and_writable_by_its_owner(
 
 
 CPU = torch.device("cpu")
+ROOT = os.path.dirname(os.path.abspath(bench.__file__))  # the repository, where bench.py runs its processes
 TIMES = [[1.0, 2.0], [1.0, 4.0], [2.0, 2.0]]  # three rounds of two methods: the second / the first has median 2
 
 
-def standing_in(monkeypatch, times=TIMES):
+def standing_in(monkeypatch, times=TIMES, log=None):
     """timed_rounds replaced: each method is called once and what it returns kept (one list per timed_rounds call),
-    and `times` are the rounds' times."""
+    and `times` are the rounds' times. With `log`, a new list is appended to it before each method, for what the
+    method's calls note there."""
     calls = []
 
     def rounds(fns, device, n):
         assert n == 3
-        calls.append([fn() for fn in fns])
+        calls.append([])
+        for fn in fns:
+            if log is not None:
+                log.append([])
+            calls[-1].append(fn())
         return times
 
     monkeypatch.setattr(bench, "timed_rounds", rounds)
@@ -216,34 +222,37 @@ def test_mrpc_like_pairs_have_mrpcs_lengths_and_are_padded_on_the_right():
     assert not torch.equal(bench.mrpc_like(3, CPU, seed=5), bench.mrpc_like(3, CPU, seed=6))
 
 
-def loud(monkeypatch, built):
-    """vision.build_model with every weight drawn from N(0, 1): random models whose predictions noise flips (at
-    PyTorch's initialisation a small ViT gives no flip at all). Each model is kept in `built` with its arguments."""
-    real = bench.vision.build_model
+def building(monkeypatch, draw=False):
+    """The models vision.build_model builds from now on, as (model, name, args, shape), in a list that fills. With
+    draw, every weight is drawn from N(0, 1): random models whose predictions noise flips (at PyTorch's
+    initialisation a small ViT gives no flip at all)."""
+    built, real = [], bench.vision.build_model
 
     def build(name, args, *shape):
         model = real(name, args, *shape)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0, 1)
-        built.append((model, name, shape))
+        if draw:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.normal_(0, 1)
+        built.append((model, name, args, shape))
         return model
 
     monkeypatch.setattr(bench.vision, "build_model", build)
+    return built
 
 
 def test_the_scattered_figure_times_the_same_draws_in_two_batch_sizes(monkeypatch):
     """scattered_rows_speedup: the authors' mask through the model in its default rows / in 2,048 rows, the same
     masks and noise (the same per-image flips), for the CNN and the ViT."""
-    calls, seen, built, real = standing_in(monkeypatch), [], [], bench.vision.scattered_sensitivity
+    calls, seen, real = standing_in(monkeypatch), [], bench.vision.scattered_sensitivity
     monkeypatch.setattr(bench.vision, "scattered_sensitivity",
                         lambda m, x, *a, **kw: seen.append((type(m).__name__, m.training, len(x), a, kw))
                         or real(m, x, *a, **kw))
-    loud(monkeypatch, built)
+    built = building(monkeypatch, draw=True)
     torch.manual_seed(0)
     out = bench.bench_scattered(small_vit_args(), torch.randn(6, 1, 28, 28), 3, CPU)
     assert out == {"scattered_rows_speedup_cnn": 2.0, "scattered_rows_speedup_vit": 2.0}
-    assert [(name, shape) for _, name, shape in built] == [("cnn", (1, 28, 10)), ("vit", (1, 28, 10))]
+    assert [(name, shape) for _, name, _, shape in built] == [("cnn", (1, 28, 10)), ("vit", (1, 28, 10))]
     for default, wide in calls:
         assert torch.equal(default.per_input, wide.per_input) and default.evaluations == wide.evaluations == 6 * 49
         assert default.mean > 0
@@ -258,21 +267,14 @@ def test_the_language_figures_are_their_rounds_ratios_over_the_same_answers(monk
     evaluation the loss of the pairs in their own order, both in batches of 32; each LSTM step computes a loss."""
     import language
 
-    calls, batches, seen, real = [], [], [], language.measure_sensitivity
-
-    def rounds(fns, device, n):  # as standing_in, and the batches each method called a model with
-        calls.append([])
-        for fn in fns:
-            batches.append([])
-            calls[-1].append(fn())
-        return TIMES
+    batches, seen, real = [], [], language.measure_sensitivity  # batches: what each method called a model with
+    calls = standing_in(monkeypatch, log=batches)
 
     def build(*a):
         built.append(make(*a))
         built[-1].register_forward_pre_hook(lambda m, x: batches[-1].append(len(x[0])) if batches else None)
         return built[-1]
 
-    monkeypatch.setattr(bench, "timed_rounds", rounds)
     monkeypatch.setattr(language, "measure_sensitivity", lambda m, x, **kw: seen.append(
         (type(m).__name__, m.training, len(x), kw)) or real(m, x, **kw))
     built, make = [], language.build_model
@@ -312,17 +314,8 @@ def test_the_read_token_figures_compare_the_same_predictions(monkeypatch):
     flag alone (the ViT's stays off), and each model evaluates again afterwards."""
     import language
 
-    calls, log, built, forward_from = [], [], [], language.TextTransformer.forward_from
-
-    def rounds(fns, device, n):  # as standing_in, and what each method's forward passes saw
-        calls.append([])
-        for fn in fns:
-            log.append([])
-            calls[-1].append(fn())
-        return TIMES
-
-    loud(monkeypatch, built)
-    monkeypatch.setattr(bench, "timed_rounds", rounds)
+    log, forward_from = [], language.TextTransformer.forward_from  # log: what each method's forward passes saw
+    calls, built = standing_in(monkeypatch, log=log), building(monkeypatch, draw=True)
     every_token = bench.vit_every_token
     monkeypatch.setattr(bench, "vit_every_token", lambda vit, img: log[-1].append("every") or every_token(vit, img))
     monkeypatch.setattr(language.TextTransformer, "forward_from", lambda self, e, mask, start, *a: log[-1].append(
@@ -340,7 +333,7 @@ def test_the_read_token_figures_compare_the_same_predictions(monkeypatch):
     torch.manual_seed(0)
     out = bench.bench_read_token(small_vit_args(), torch.randn(3, 1, 28, 28), 3, CPU, n_pairs=70)
     assert out == {"read_token_speedup_vit": 2.0, "read_token_speedup_roberta": 2.0, "read_token_speedup_gpt2": 2.0}
-    (vit, name, shape), = built
+    (vit, name, _, shape), = built
     assert (name, shape) == ("vit", (1, 28, 10)) and not vit.training
     (alone, every), *language_models = calls
     assert torch.equal(alone.per_input, every.per_input) and alone.evaluations == 3 * 49 and alone.mean > 0
@@ -396,7 +389,7 @@ def test_the_read_token_training_figures_train_both_ways(monkeypatch):
             moved.append(all(p.grad is not None and not torch.equal(w, p) for w, p in zip(weights, params[-1][0])))
         return TIMES
 
-    models, built, transformer, build, ce = [], [], parity.ParityTransformer, bench.vision.build_model, F.cross_entropy
+    models, built, transformer, ce = [], building(monkeypatch), parity.ParityTransformer, F.cross_entropy
     monkeypatch.setattr(torch.optim, "AdamW", adamw)
     monkeypatch.setattr(bench, "timed_rounds", rounds)
     def parity_model(*a):  # noting its inputs
@@ -407,15 +400,14 @@ def test_the_read_token_training_figures_train_both_ways(monkeypatch):
 
     bits = []
     monkeypatch.setattr(parity, "ParityTransformer", parity_model)
-    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append((name, shape)) or build(
-        name, args, *shape))
     monkeypatch.setattr(F, "cross_entropy", lambda out, y: batches[-1].append((len(y), ce(out, y))) or
                         batches[-1][-1][1])
     out = bench.bench_read_token_training(small_vit_args(), 64, 3, CPU)
     assert out == {"read_token_train_speedup_parity_64": 2.0, "read_token_train_speedup_parity_128": 2.0,
                    "read_token_train_speedup_vit": 2.0}
     assert moved == [True] * 6 and [lr for _, lr in params] == [1e-3] * 3
-    assert models == [(20, 64, 4, 2), (20, 128, 4, 2)] and built == [("vit", (1, 28, 10))]
+    assert models == [(20, 64, 4, 2), (20, 128, 4, 2)] and [(name, shape) for _, name, _, shape in built] == [
+        ("vit", (1, 28, 10))]
     bits = torch.cat(bits)  # random bits as +-1, each sequence of 20 as parity.py takes it
     assert bits.shape == (64 * 5 * 2, 20, 1) and set(bits.unique().tolist()) == {-1.0, 1.0} and abs(bits.mean()) < 0.1
     assert [[b if b == "step" else b[0] for b in steps] for steps in batches] == \
@@ -429,10 +421,7 @@ def test_the_read_token_training_figures_train_both_ways(monkeypatch):
 def test_the_paper_vits_step_on_a_cpu_is_one_sgd_step_of_the_authors_vit(monkeypatch):
     """paper_vit_step_ms: the median time of a training step (one per round on a CPU) in ms, of the authors' ViT
     (depth 8, 32 heads of 64, 28x28 images of one channel, 10 classes) at its SGD rate, on min(100, n) images."""
-    built, steps, models, real_build, real_step = [], [], [], bench.vision.build_model, torch.optim.SGD.step
-    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append(
-        (name, args.depth, args.heads, args.dim_head, shape)) or models.append(real_build(name, args, *shape))
-        or models[-1])
+    built, steps, real_step = building(monkeypatch), [], torch.optim.SGD.step
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(self.param_groups[0]["lr"])
                         or real_step(self, *a))
     seen, ce = [], F.cross_entropy
@@ -440,16 +429,17 @@ def test_the_paper_vits_step_on_a_cpu_is_one_sgd_step_of_the_authors_vit(monkeyp
     moved = []
 
     def rounds(fns, device, n):  # the step, once: it changes every weight
-        before = [p.detach().clone() for p in models[0].parameters()]
+        model = built[0][0]
+        before = [p.detach().clone() for p in model.parameters()]
         fns[0]()
-        moved.append(all(p.grad is not None and not torch.equal(a, p) for a, p in zip(before,
-                                                                                      models[0].parameters())))
+        moved.append(all(p.grad is not None and not torch.equal(a, p) for a, p in zip(before, model.parameters())))
         return [[0.5], [0.25], [2.0]]
 
     monkeypatch.setattr(bench, "timed_rounds", rounds)
     assert bench.bench_paper_vit(3, 3, CPU) == {"paper_vit_step_ms": 500.0}
     assert moved == [True]
-    assert built == [("vit", 8, 32, 64, (1, 28, 10))]
+    assert [(name, a.depth, a.heads, a.dim_head, shape) for _, name, a, shape in built] == [("vit", 8, 32, 64,
+                                                                                             (1, 28, 10))]
     assert steps == [bench.vision.learning_rate("vit", bench.vision.parse_args(["--dataset", "fashionmnist"]))]
     assert seen == [3]
     sizes, randint = [], torch.randint  # at most 100 images (the step itself is not taken again)
@@ -523,15 +513,13 @@ def test_the_memory_figure_is_the_sampled_peak_over_the_start_of_a_million_evalu
 def test_the_training_workload_is_one_sgd_epoch_of_a_small_vit_in_batches_of_100(monkeypatch):
     """training_workload(n): vision.py's ViT (depth 2, 4 heads of 16, width 64, 7x7 patches) trained one epoch of n
     28x28 images per call, in batches of 100, by SGD at 0.01; each call trains it further."""
-    built, seen, real, real_build = [], [], bench.epoch_on_device, bench.vision.build_model
-    monkeypatch.setattr(bench.vision, "build_model", lambda name, args, *shape: built.append(
-        (name, args.depth, args.heads, args.dim_head, args.dim, args.patch_size, shape)) or real_build(name, args,
-                                                                                                        *shape))
+    built, seen, real = building(monkeypatch), [], bench.epoch_on_device
     monkeypatch.setattr(bench, "epoch_on_device", lambda model, opt, x, y, **kw: seen.append(
         (type(opt).__name__, opt.param_groups[0]["lr"], x.shape, x.dtype, y.shape, kw["batch_size"])) or real(
         model, opt, x, y, **kw))
     run = bench.training_workload(150)
-    assert built == [("vit", 2, 4, 16, 64, 7, (1, 28, 10))]
+    assert [(name, a.depth, a.heads, a.dim_head, a.dim, a.patch_size, shape) for _, name, a, shape in built] == [
+        ("vit", 2, 4, 16, 64, 7, (1, 28, 10))]
     run()
     run()
     assert seen == [("SGD", 0.01, (150, 1, 28, 28), torch.uint8, (150,), 100)] * 2
@@ -550,9 +538,8 @@ def test_the_busy_worker_trains_until_its_seconds_have_passed(monkeypatch, capsy
 def test_the_busy_worker_says_ready_through_a_pipe_while_it_runs():
     """bench_shared_cpu reads the worker's 'ready' through a pipe before it times: the line must come through while
     the worker trains (a pipe's buffer would hold it until the worker ends), and the worker trains on until killed."""
-    root = os.path.dirname(os.path.abspath(bench.__file__))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's own buffering, as bench.py's
-    worker = subprocess.Popen([sys.executable, "-c", "import bench; bench.busy_worker(1, 20, 120)"], cwd=root,
+    worker = subprocess.Popen([sys.executable, "-c", "import bench; bench.busy_worker(1, 20, 120)"], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True, env={**env, "OMP_NUM_THREADS": "1"})
     try:
         t = time.time()
@@ -562,7 +549,7 @@ def test_the_busy_worker_says_ready_through_a_pipe_while_it_runs():
         worker.wait()
 
 
-def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monkeypatch):
+def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monkeypatch, kept_threads):
     """shared_cpu_slowdown = busy time / alone time with one thread per process, _default the same with torch's
     default threads in both (the worker started with them, timed once it says it is ready, then killed);
     alone_default_speedup = alone with one thread / alone with the default; one thread at the end."""
@@ -583,29 +570,25 @@ def test_the_shared_cpu_figures_time_a_run_alone_then_beside_a_busy_worker(monke
         log.append(("timed", torch.get_num_threads(), n))
         return next(times)
 
-    threads = torch.get_num_threads()
-    try:
-        monkeypatch.setattr(bench.subprocess, "Popen", Worker)
-        monkeypatch.setattr(bench, "timed_rounds", rounds)
-        monkeypatch.setattr(bench, "training_workload", lambda n: log.append(("workload", n)))
-        monkeypatch.setattr(bench, "TORCH_DEFAULT_THREADS", 2)
-        out = bench.bench_shared_cpu(9, 3)
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    monkeypatch.setattr(bench.subprocess, "Popen", Worker)
+    monkeypatch.setattr(bench, "timed_rounds", rounds)
+    monkeypatch.setattr(bench, "training_workload", lambda n: log.append(("workload", n)))
+    monkeypatch.setattr(bench, "TORCH_DEFAULT_THREADS", 2)
+    out = bench.bench_shared_cpu(9, 3)
+    assert torch.get_num_threads() == 1
     assert out == {"shared_cpu_slowdown": 1.5, "shared_cpu_slowdown_default": 8.0, "torch_default_threads": 2,
                    "alone_default_speedup": 4.0}
-    root = os.path.dirname(os.path.abspath(bench.__file__))
     for k in (1, 2):
         worker = [sys.executable, "-c", f"import bench; bench.busy_worker({k}, 9, 900)"]
-        assert log[:7] == [("workload", 9), ("timed", k, 3), ("start", worker, dict(cwd=root, stdout=subprocess.PIPE,
+        assert log[:7] == [("workload", 9), ("timed", k, 3), ("start", worker, dict(cwd=ROOT, stdout=subprocess.PIPE,
                                                                                      text=True)),
                            "ready", ("timed", k, 3), "kill", "wait"]
         del log[:7]
     assert log == []
 
 
-def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_reference_workload(monkeypatch):
+def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_reference_workload(monkeypatch,
+                                                                                                 kept_threads):
     """quickstart_s: `python synthetic.py` in a process of its own (one thread, from the repository, into a
     temporary folder; 20 steps below n = 300), as the clock reads it; reference_s: the median of training_workload(n)'s
     rounds; quickstart_ratio: the first over the second."""
@@ -616,19 +599,14 @@ def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_ref
     ticks = iter([5.0, 35.0, 0.0, 10.0])
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's: the quick start still gets one
-    threads = torch.get_num_threads()
-    try:
-        assert bench.bench_quickstart(120, 3) == {"quickstart_s": 30.0, "reference_s": 2.0, "quickstart_ratio": 15.0}
-        assert bench.bench_quickstart(300, 3)["quickstart_s"] == 10.0
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
-    root = os.path.dirname(os.path.abspath(bench.__file__))
+    assert bench.bench_quickstart(120, 3) == {"quickstart_s": 30.0, "reference_s": 2.0, "quickstart_ratio": 15.0}
+    assert bench.bench_quickstart(300, 3)["quickstart_s"] == 10.0
+    assert torch.get_num_threads() == 1
     assert workloads == [120, 300] and len(seen) == 2
     for (argv, kw), steps in zip(seen, [["--steps", "20"], []]):
         assert argv[:3] == [sys.executable, "synthetic.py", "--out-dir"] and argv[4:] == steps
         assert not os.path.exists(argv[3])  # a temporary folder, gone
-        assert kw["cwd"] == root and kw["check"] and kw["capture_output"] and kw["env"]["OMP_NUM_THREADS"] == "1"
+        assert kw["cwd"] == ROOT and kw["check"] and kw["capture_output"] and kw["env"]["OMP_NUM_THREADS"] == "1"
         assert kw["env"]["PATH"] == os.environ["PATH"]
 
 
@@ -653,8 +631,9 @@ def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(t
             return {f"{name}_figure": figures}
         return run
 
-    for name in ["estimator", "training", "scattered", "read_token", "read_token_training", "sens_during",
-                 "paper_vit", "language", "corruptions", "shared_cpu", "quickstart", "memory"]:
+    names = ["estimator", "training", "scattered", "read_token", "read_token_training", "sens_during", "paper_vit",
+             "language", "corruptions", "shared_cpu", "quickstart", "memory"]
+    for name in names:
         monkeypatch.setattr(bench, f"bench_{name}", stub(name, 0.123456))
     for n, pairs, trained in [(24, 256, 256), (4, 32, 16)]:
         out = tmp_path / f"b{n}.json"
@@ -678,8 +657,6 @@ def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(t
             ("quickstart", [30 * n, 3], {}),
             ("memory", [cpu], {})], n
         seen.clear()
-        names = ["estimator", "training", "scattered", "read_token", "read_token_training", "sens_during", "paper_vit",
-                 "language", "corruptions", "shared_cpu", "quickstart", "memory"]
         assert results == {f"{k}_figure": 0.123456 for k in names}
         printed = capsys.readouterr().out.splitlines()
         assert printed == [f"{k}_figure 0.1235" for k in names] + [f"wrote {out}"]

@@ -406,6 +406,13 @@ def test_the_fidelity_tool_replays_numpy_draws_as_torch_draws():
     assert fidelity.same_order(ref, our[:4] + [our[4] - 0.8]) == "same within noise"  # nor for ours
 
 
+def fidelity_main(monkeypatch, capsys, *argv):
+    """What tools/cifar_c_fidelity.py prints with these arguments."""
+    monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", *argv])
+    fidelity.main()
+    return capsys.readouterr().out
+
+
 def laplacian_sharpness(x):
     """The mean absolute 4-neighbour Laplacian of uint8 (N, H, W, C) images, inside the border."""
     k = torch.tensor([[0.0, -1, 0], [-1, 4, -1], [0, -1, 0]], dtype=torch.float64)
@@ -464,9 +471,7 @@ def test_the_fidelity_tables_cells_and_the_compare_command(tmp_path, monkeypatch
     assert "frost" not in fidelity.table(ref, names=["frost", "snow"])
 
     def compare(*argv):
-        monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "compare", str(tmp_path / "ref.npz"), *argv])
-        fidelity.main()
-        return capsys.readouterr().out.splitlines()
+        return fidelity_main(monkeypatch, capsys, "compare", str(tmp_path / "ref.npz"), *argv).splitlines()
 
     lines = compare("--only", "brightness", "contrast", "spatter", "gaussian_noise", "frost")
     assert lines[0].startswith("2 photographs. Deterministic: mean |ours - reference| in grey levels / share off by")
@@ -506,15 +511,12 @@ def test_the_fidelity_fixture_keeps_evenly_spread_images_and_renames_the_wrapped
                 ref.update({f"{key}/{kind}_shapes": np.array([[3, 0, 0]]) for kind in ("randn", "rand", "randint")})
     np.savez(tmp_path / "ref.npz", **ref)
     out = tmp_path / "sub" / "fixture.npz"
-    monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "fixture", str(tmp_path / "ref.npz"), "--images", "3",
-                                      "--out", str(out)])
-    fidelity.main()
-    assert capsys.readouterr().out == f"3 + 2 images -> {out} ({out.stat().st_size // 1024} KB)\n"
+    printed = fidelity_main(monkeypatch, capsys, "fixture", str(tmp_path / "ref.npz"), "--images", "3", "--out",
+                            str(out))
+    assert printed == f"3 + 2 images -> {out} ({out.stat().st_size // 1024} KB)\n"
     one = tmp_path / "sub" / "one.npz"  # into a folder that exists
-    monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", "fixture", str(tmp_path / "ref.npz"), "--out", str(one)])
-    fidelity.main()
+    fidelity_main(monkeypatch, capsys, "fixture", str(tmp_path / "ref.npz"), "--out", str(one))
     assert np.array_equal(np.load(one)["images"], ref["images"][[5]])  # by default one image, the middle one
-    capsys.readouterr()
     got = np.load(out)
     pick = [1, 5, 8]  # the middles of three equal parts of 10
     assert np.array_equal(got["images"], ref["images"][pick])
@@ -538,9 +540,7 @@ def test_the_fidelity_tools_commands_their_defaults_and_help(monkeypatch, capsys
         monkeypatch.setattr(fidelity, name, lambda args, name=name: seen.append((name, vars(args))))
 
     def main(*argv):
-        monkeypatch.setattr(sys, "argv", ["cifar_c_fidelity.py", *argv])
-        fidelity.main()
-        return capsys.readouterr().out
+        return fidelity_main(monkeypatch, capsys, *argv)
 
     main("reference", "create_c")
     main("compare", "ref.npz")

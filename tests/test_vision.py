@@ -1219,7 +1219,8 @@ def test_augment_trains_every_batch_on_its_augmented_images(tmp_path, monkeypatc
         assert a.dtype == torch.uint8 and a.shape == (20, 3, 32, 32) and torch.equal(t, vision.normalize(a))
 
 
-def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_stores(tmp_path, monkeypatch, capsys):
+def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_stores(tmp_path, monkeypatch, capsys,
+                                                                                     kept_threads):
     """tools/sampled_positions.py on one-model runs (a ViT and an MLP, two seeds): each checkpoint is checked at the
     first sigma, every patch; the paired differences "every patch" are the stored ones, and "sampled" (8 patches by
     default) those that runs trained the same way with --sens-positions 8 store (sensitivity has its own generator:
@@ -1248,11 +1249,7 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
 
     def tool(*argv):
         monkeypatch.setattr(sys, "argv", ["sampled_positions.py", *argv])
-        threads = torch.get_num_threads()
-        try:
-            sampled_positions.main()
-        finally:
-            torch.set_num_threads(threads)
+        sampled_positions.main()
         return capsys.readouterr().out
 
     every = [train(m, s) for m in ("vit", "mlp") for s in (0, 1)]
