@@ -482,18 +482,15 @@ def test_every_runs_progress_lines_stop_when_its_training_ends(tmp_path, monkeyp
     assert len(made) == 2 and all(p.done.is_set() for p in made)
 
 
-def test_threads_are_one_per_process_by_default_and_at_most_four_per_core():
+def test_threads_are_one_per_process_by_default_and_at_most_four_per_core(kept_threads):
     """--threads 0 (the default policy) is one thread; a number is that many, up to 4x the cores; more, or fewer
     than 0, is refused with a message."""
-    cores, before = os.cpu_count() or 1, torch.get_num_threads()
-    try:
-        assert set_threads(0) == 1 and set_threads(2) == 2 and set_threads(4 * cores) == 4 * cores
-        with pytest.raises(ValueError, match=f"--threads {4 * cores + 1} is more than 4x the {cores} cores"):
-            set_threads(4 * cores + 1)
-        with pytest.raises(ValueError, match="--threads must be >= 0"):
-            set_threads(-1)
-    finally:
-        torch.set_num_threads(before)
+    cores = os.cpu_count() or 1
+    assert set_threads(0) == 1 and set_threads(2) == 2 and set_threads(4 * cores) == 4 * cores
+    with pytest.raises(ValueError, match=f"--threads {4 * cores + 1} is more than 4x the {cores} cores"):
+        set_threads(4 * cores + 1)
+    with pytest.raises(ValueError, match="--threads must be >= 0"):
+        set_threads(-1)
 
 
 def test_all_sum_adds_the_ranks_numbers_in_float64(monkeypatch):
@@ -522,7 +519,7 @@ def test_under_torchrun_batchnorm_is_synchronised_on_gpus_only(monkeypatch):
     assert runs.for_training(model, torch.device("cpu")) is model
 
 
-def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo(monkeypatch):
+def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo(monkeypatch, kept_threads):
     """setup() under torchrun (WORLD_SIZE > 1), with the process group and the CUDA calls stood in for: --device cuda,
     or auto where CUDA is present, joins nccl on GPU LOCAL_RANK and runs there; --device cpu, or auto without CUDA,
     joins gloo and sets no GPU. Rank 0 alone prints."""
@@ -536,23 +533,19 @@ def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(f"gpu {i}"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    before = torch.get_num_threads()
-    try:
-        for device, has_cuda, expected, on in [("cuda", False, ["gpu 1", "nccl"], "cuda:1"),
-                                               ("auto", True, ["gpu 1", "nccl"], "cuda:1"),
-                                               ("auto", False, ["gloo"], "cpu"), ("cpu", True, ["gloo"], "cpu")]:
-            monkeypatch.setattr(torch.cuda, "is_available", lambda has_cuda=has_cuda: has_cuda)
-            calls.clear()
-            got = runs.setup(SimpleNamespace(threads=0, device=device))
-            assert calls == expected and str(got) == on, (device, has_cuda, calls, got)
-        assert sys.stdout is not None and sys.stdout.name != os.devnull  # rank 0 prints
-        monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored afterwards
-        monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
-        runs.setup(SimpleNamespace(threads=0, device="cpu"))
-        assert sys.stdout.name == os.devnull  # the other ranks are silenced
-        sys.stdout.close()  # the file setup() opened (sys.stdout itself is restored afterwards)
-    finally:
-        torch.set_num_threads(before)
+    for device, has_cuda, expected, on in [("cuda", False, ["gpu 1", "nccl"], "cuda:1"),
+                                           ("auto", True, ["gpu 1", "nccl"], "cuda:1"),
+                                           ("auto", False, ["gloo"], "cpu"), ("cpu", True, ["gloo"], "cpu")]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda has_cuda=has_cuda: has_cuda)
+        calls.clear()
+        got = runs.setup(SimpleNamespace(threads=0, device=device))
+        assert calls == expected and str(got) == on, (device, has_cuda, calls, got)
+    assert sys.stdout is not None and sys.stdout.name != os.devnull  # rank 0 prints
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored afterwards
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    runs.setup(SimpleNamespace(threads=0, device="cpu"))
+    assert sys.stdout.name == os.devnull  # the other ranks are silenced
+    sys.stdout.close()  # the file setup() opened (sys.stdout itself is restored afterwards)
 
 
 def test_a_data_folder_that_cannot_hold_a_lock_is_read_unlocked(tmp_path):
@@ -1003,7 +996,7 @@ def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run
     assert out[-2:] == ["[robustness] robustness/fmnist-rob: not run", "[robustness] robustness/fig9: not run"]
 
 
-def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys, monkeypatch):
+def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys, monkeypatch, kept_threads):
     """start_run: a new out/<script>/<name> folder (a -2 suffix when the name is taken), its Results, and one line
     naming the folder, the device and the threads. A torchrun rank other than 0 gets rank 0's folder and writes
     nothing in it."""
@@ -1012,17 +1005,13 @@ def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsy
     import runs
 
     args = argparse.Namespace(resume=None, run_name=None, out_dir=str(tmp_path), seeds=[0])
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        first, res = runs.start_run("vision", args, "default", "cpu")
-        second, _ = runs.start_run("vision", args, "default", "cpu")
-        rank0 = str(tmp_path / "rank0")  # the folder rank 0 broadcasts, not made yet
-        monkeypatch.setattr(runs, "ranks", lambda: (1, 2))
-        monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda box, src: box.__setitem__(0, rank0))
-        third, other = runs.start_run("vision", args, "default", "cpu")
-    finally:
-        torch.set_num_threads(threads)
+    first, res = runs.start_run("vision", args, "default", "cpu")
+    second, _ = runs.start_run("vision", args, "default", "cpu")
+    rank0 = str(tmp_path / "rank0")  # the folder rank 0 broadcasts, not made yet
+    monkeypatch.setattr(runs, "ranks", lambda: (1, 2))
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda box, src: box.__setitem__(0, rank0))
+    third, other = runs.start_run("vision", args, "default", "cpu")
     assert first == str(tmp_path / "vision" / "default") and second == first + "-2"
     assert os.path.isfile(os.path.join(first, "metrics.json")) and res.data["args"]["seeds"] == [0]
     assert capsys.readouterr().out.splitlines() == [f"writing {first} | device cpu | 1 thread",
