@@ -484,8 +484,9 @@ def test_rss_mb_is_this_process_resident_memory():
 
 
 def test_the_memory_figure_is_the_sampled_peak_over_the_start_of_a_million_evaluations(monkeypatch):
-    """est_1e6_mem_mb on a CPU: the highest resident memory sampled while the estimator runs, minus the memory before
-    it, for at least 10^6 evaluations of a linear model (5,000 inputs of 16 positions, 13 draws, chunks of 8,192)."""
+    """est_1e6_mem_mb on a CPU: the highest resident memory sampled (every 2 ms) while the estimator runs, minus the
+    memory before it, for at least 10^6 evaluations of a linear model (5,000 inputs of 16 positions, 13 draws, chunks
+    of 8,192, noise of sigma 0.1)."""
     readings, seen = [100.0, 100.0, 160.0, 130.0], []
 
     def rss():
@@ -497,13 +498,16 @@ def test_the_memory_figure_is_the_sampled_peak_over_the_start_of_a_million_evalu
         while len(readings) > 4 or readings[0] != 130.0:  # until the sampler has read 100 and 160 during the run
             assert time.monotonic() < deadline, "no memory sampled while the estimator ran"
             time.sleep(0.001)
-        seen.append((tuple(x.shape), reps, batch_size, tuple(f(x[:3], None).shape)))
+        noise = perturb(torch.zeros(10**5, 1), torch.Generator().manual_seed(0))
+        seen.append((tuple(x.shape), reps, batch_size, tuple(f(x[:3], None).shape), round(float(noise.std()), 3)))
         return types.SimpleNamespace(evaluations=len(x) * x.shape[1] * reps)
 
+    pauses = []  # the sampler's, between its readings
     monkeypatch.setattr(bench, "rss_mb", rss)
     monkeypatch.setattr(bench, "sensitivity", estimator)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(sleep=lambda s: (pauses.append(s), time.sleep(s))))
     assert bench.bench_memory(CPU) == {"est_1e6_mem_mb": 60.0}
-    assert seen == [((5000, 16, 8), 13, 8192, (3, 10))]
+    assert seen == [((5000, 16, 8), 13, 8192, (3, 10), 0.1)] and pauses and set(pauses) == {0.002}
     monkeypatch.setattr(bench, "sensitivity", lambda f, x, p, *, reps, batch_size: types.SimpleNamespace(
         evaluations=999_999))
     with pytest.raises(AssertionError):
@@ -612,17 +616,18 @@ def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_ref
 
 def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(tmp_path, monkeypatch, capsys):
     """On a CPU with --n-inputs N: the estimator on N 32x32 images (4x4 patches, the tiny ViT) and 16N 28x28 images
-    (7x7, the MLP); training on 30N images (the MLP) and 3N (the ViT); N images for the scattered mask, read_token,
-    the sensitivity during training and the paper's ViT; 10N for the corruptions, 3N for the shared CPU and 30N for
-    the quick start; MRPC-length pairs: N // 12 (at least 2) for the estimator, 256 evaluated and 256 trained on (32
-    and 16 below N = 10). Each figure is printed as measured; the file holds them all, with the arguments."""
+    (7x7, the MLP); training on 30N images (the MLP) and 3N (the ViT), each model with 10 classes; N images for the
+    scattered mask, read_token, the sensitivity during training and the paper's ViT; 10N for the corruptions, 3N for the
+    shared CPU and 30N for the quick start; MRPC-length pairs: N // 12 (at least 2) for the estimator, 256 evaluated and
+    256 trained on (32 and 16 below N = 10). Each figure is printed as measured; the file holds them all, with the
+    arguments."""
     seen = []
 
-    def shown(v):  # a tensor by its shape, a model by its class, the vision flags by the model size they give
+    def shown(v):  # a tensor by its shape, a model by its class and classes, the vision flags by their model size
         if isinstance(v, torch.Tensor):
             return tuple(v.shape)
         if isinstance(v, torch.nn.Module):
-            return type(v).__name__
+            return type(v).__name__, [m.out_features for m in v.modules() if isinstance(m, torch.nn.Linear)][-1]
         return ("args", v.dataset, v.depth, v.heads, v.dim_head) if hasattr(v, "dim_head") else v
 
     def stub(name, figures=1.0):
@@ -642,10 +647,10 @@ def test_run_all_gives_each_group_its_sizes_prints_each_figure_and_writes_them(t
         results = bench.run_all(args)
         cpu, a = CPU, ("args", "fashionmnist", 4, 4, 16)  # the converged protocol's ViT
         assert seen == [
-            ("estimator", ["vit", "TinyViT", (n, 64, 48), 64, 3, cpu], {}),
-            ("estimator", ["mlp", "TinyMLP", (16 * n, 16, 49), 64, 3, cpu], {}),
-            ("training", ["mlp", "MLP", (30 * n, 1, 28, 28), (30 * n,), 3, cpu], {}),
-            ("training", ["vit", "ViT", (3 * n, 1, 28, 28), (3 * n,), 3, cpu], {}),
+            ("estimator", ["vit", ("TinyViT", 10), (n, 64, 48), 64, 3, cpu], {}),
+            ("estimator", ["mlp", ("TinyMLP", 10), (16 * n, 16, 49), 64, 3, cpu], {}),
+            ("training", ["mlp", ("MLP", 10), (30 * n, 1, 28, 28), (30 * n,), 3, cpu], {}),
+            ("training", ["vit", ("ViT", 10), (3 * n, 1, 28, 28), (3 * n,), 3, cpu], {}),
             ("scattered", [a, (n, 1, 28, 28), 3, cpu], {}),
             ("read_token", [a, (n, 1, 28, 28), 3, cpu, pairs], {}),
             ("read_token_training", [a, trained, 3, cpu], {}),
@@ -709,3 +714,42 @@ def test_the_sens_during_figure_times_two_whole_runs_with_levels_reached_where_a
     for folder, script, same_args in folders:  # each run's results in a temporary folder of its own, gone after
         assert script == "vision" and same_args and not os.path.exists(folder)
     assert folders[0][0] != folders[1][0]
+
+
+@pytest.mark.parametrize("device, n_inputs, n, language, pairs, trained", [
+    ("cuda", None, 1000, 256, 256, 256),  # a GPU's sizes (on stand-ins: no GPU is needed)
+    ("cpu", None, 100, 8, 256, 256),  # a CPU's
+    ("cpu", 10, 10, 2, 256, 256),  # the smallest full-size run
+    ("cpu", 9, 9, 2, 32, 16)])  # and the largest smoke test
+def test_run_all_sizes_each_group_for_its_device_in_its_threads_and_prints_as_it_goes(
+        tmp_path, monkeypatch, kept_threads, device, n_inputs, n, language, pairs, trained):
+    """Without --n-inputs, N is 1000 images on a GPU and 100 on a CPU; the language pairs are 256 on a GPU and N // 12
+    (at least 2) on a CPU; from N = 10 on, read_token evaluates 256 pairs and trains on 256. Every group runs in the
+    threads --threads asks for, and each figure line is flushed as it is printed (a run stopped halfway has shown
+    what it measured, even with its output in a pipe)."""
+    seen, printed = {}, []
+
+    def stub(name):
+        def run(*a):
+            seen[name] = (list(a), torch.get_num_threads())
+            if name == "quickstart":
+                torch.set_num_threads(1)  # as the real one leaves this process
+            return {f"{name}_figure": 1.0}
+        return run
+
+    for name in ["sens_during", "language", "read_token", "read_token_training", "quickstart", "memory"]:
+        monkeypatch.setattr(bench, f"bench_{name}", stub(name))
+    fake = torch.device(device)
+    monkeypatch.setattr(bench, "get_device", lambda name: fake)
+    monkeypatch.setattr(bench, "environment", lambda d: {"device": d.type})
+    monkeypatch.setattr(bench.torch, "randn", lambda *shape, device: torch.empty(*shape))  # no tensor on a GPU
+    monkeypatch.setattr(bench, "print", lambda *a, **kw: printed.append((a, kw)), raising=False)
+    torch.set_num_threads(3)
+    argv = ["--threads", "2", "--only", "sens_during,language,read_token,quickstart,memory", "--out",
+            str(tmp_path / "b.json")]
+    bench.run_all(bench.parse_args(argv + (["--n-inputs", str(n_inputs)] if n_inputs else [])))
+    assert seen["sens_during"] == ([n, fake], 2) and seen["memory"] == ([fake], 2)  # after the quick start's 1
+    assert seen["language"][0][0] == language and seen["language"][0][3] == pairs and seen["language"][1] == 2
+    assert seen["read_token"][0][4] == pairs and seen["read_token_training"][0][1] == trained
+    figures = [kw for a, kw in printed if "figure" in a[0]]
+    assert len(figures) == 6 and all(kw == {"flush": True} for kw in figures)
