@@ -753,3 +753,59 @@ def test_run_all_sizes_each_group_for_its_device_in_its_threads_and_prints_as_it
     assert seen["read_token"][0][4] == pairs and seen["read_token_training"][0][1] == trained
     figures = [kw for a, kw in printed if "figure" in a[0]]
     assert len(figures) == 6 and all(kw == {"flush": True} for kw in figures)
+
+
+def test_the_flags_defaults_and_values(tmp_path, monkeypatch):
+    """With no flags: the device chosen, the estimator's own chunks, the inputs run_all picks (100 on a CPU, 1,000 on
+    a GPU), 7 rounds, the scripts' one thread, every group, the first free out/bench/bench[-k].json. --only splits at
+    commas, numbers are integers, and the folder of --out is made before any benchmark runs."""
+    monkeypatch.chdir(tmp_path)
+    assert vars(bench.parse_args([])) == dict(device="auto", batch_size=None, n_inputs=None, rounds=7, threads=0,
+                                              only=None, out=None)
+    assert (tmp_path / "out" / "bench").is_dir()
+    out = str(tmp_path / "new" / "b.json")
+    args = bench.parse_args(["--device", "cpu", "--batch-size", "64", "--n-inputs", "12", "--rounds", "3",
+                             "--threads", "1", "--only", "estimator,memory", "--out", out])
+    assert vars(args) == dict(device="cpu", batch_size=64, n_inputs=12, rounds=3, threads=1,
+                              only=["estimator", "memory"], out=out)
+    assert os.path.isdir(tmp_path / "new") and not os.listdir(tmp_path / "new")  # its write check left nothing
+
+
+def test_the_two_small_models_have_the_sizes_they_are_timed_at():
+    """TinyViT: 4x4 patches of 32x32x3 images (64 tokens of 48 numbers) embedded in 64 dimensions, learned positions
+    drawn with std 0.02, 2 blocks of 4 heads of 16 with an MLP of 128 and no dropout, mean pooling, 10 classes. TinyMLP:
+    784 pixels, two hidden layers of 512 with leaky ReLUs, 10 classes."""
+    torch.manual_seed(0)
+    vit, mlp = bench.TinyViT(), bench.TinyMLP()
+    block = {"0.norm.weight": (64,), "0.norm.bias": (64,), "0.qkv.weight": (3 * 4 * 16, 64), "0.out.0.weight": (64, 64),
+             "0.out.0.bias": (64,), "1.net.0.weight": (64,), "1.net.0.bias": (64,), "1.net.1.weight": (128, 64),
+             "1.net.1.bias": (128,), "1.net.4.weight": (64, 128), "1.net.4.bias": (64,)}  # attention, then the MLP
+    assert {k: tuple(v.shape) for k, v in vit.named_parameters()} == {
+        "pos": (1, 64, 64), "embed.weight": (64, 48), "embed.bias": (64,),
+        **{f"transformer.layers.{i}.{k}": shape for i in range(2) for k, shape in block.items()},
+        "transformer.norm.weight": (64,), "transformer.norm.bias": (64,), "head.weight": (10, 64), "head.bias": (10,)}
+    assert [attn.heads for attn, _ in vit.transformer.layers] == [4, 4]
+    assert [attn.dropout for attn, _ in vit.transformer.layers] == [0.0, 0.0]  # timed as trained: no dropout
+    assert all(m.p == 0.0 for m in vit.modules() if isinstance(m, torch.nn.Dropout))
+    assert 0.018 < vit.pos.std().item() < 0.022 and abs(vit.pos.mean().item()) < 0.002
+    tokens = torch.randn(3, 64, 48)
+    expected = vit.head(vit.transformer(vit.embed(tokens) + vit.pos).mean(1))
+    torch.testing.assert_close(vit(tokens), expected, rtol=0, atol=0)
+    assert [type(m).__name__ for m in mlp.net] == ["Linear", "LeakyReLU", "Linear", "LeakyReLU", "Linear"]
+    assert [tuple(m.weight.shape) for m in mlp.net[::2]] == [(512, 784), (512, 512), (10, 512)]
+    tokens = torch.randn(3, 16, 49)
+    torch.testing.assert_close(mlp(tokens), mlp.net(tokens.reshape(3, 784)), rtol=0, atol=0)
+
+
+def test_the_usual_pipelines_dataset_gives_what_torchvisions_mnist_and_cifar10_give():
+    """UInt8Images: item i is the transform of a PIL image of image i (grayscale from one channel, as MNIST's; RGB
+    from three, channels last, as CIFAR10's) and label i as a Python int."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    for channels, mode in [(1, "L"), (3, "RGB")]:
+        x = torch.randint(0, 256, (2, channels, 4, 5), generator=g, dtype=torch.uint8)
+        ds = bench.UInt8Images(x, torch.tensor([3, 7]), lambda img: (img.mode, np.asarray(img)))
+        (got_mode, pixels), label = ds[1]
+        assert len(ds) == 2 and got_mode == mode and label == 7 and type(label) is int
+        assert np.array_equal(pixels, x[1].permute(1, 2, 0).squeeze(2).numpy())

@@ -550,6 +550,11 @@ def test_bench_checks_its_output_before_running(tmp_path, capsys):
     assert code == 2 and "never replaces" in err
     code, err = run("bench", ["--out", str(tmp_path / "taken.json" / "b.json")], capsys)  # a file as the folder
     assert code == 2 and "cannot write" in err
+    if os.path.isdir("/proc/self"):  # a folder where no file can be made, even by root
+        code, err = run("bench", ["--out", "/proc/b.json"], capsys)
+        assert code == 2 and "--out /proc/b.json: cannot write in /proc" in err
+    code, err = run("bench", ["--only", "estimator,gpu,cpu"], capsys)
+    assert code == 2 and "--only: no benchmark group gpu, cpu (choose from estimator, training," in err
 
 
 def test_a_damaged_or_misshapen_release_is_refused_before_training(tmp_path, capsys):

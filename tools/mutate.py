@@ -134,7 +134,10 @@ TARGETS = {
                   "bench_training", "reserve", "main", "mrpc_like", "bench_language", "bench_scattered",
                   "bench_read_token", "bench_read_token_training", "vit_every_token", "bench_sens_during",
                   "bench_paper_vit", "training_workload", "busy_worker", "bench_shared_cpu", "bench_quickstart",
-                  "bench_corruptions", "rss_mb", "bench_memory", "run_all"], ["tests/test_bench.py"]),
+                  "bench_corruptions", "rss_mb", "bench_memory", "run_all", "parse_args", "TinyViT.__init__",
+                  "TinyViT.forward", "TinyMLP.__init__", "TinyMLP.forward", "UInt8Images.__init__",
+                  "UInt8Images.__len__", "UInt8Images.__getitem__"],
+                 ["tests/test_bench.py", "tests/test_cli.py"]),  # test_cli: parse_args
     # what says that a refactor changed no number
     "tools/same_numbers.py": (["compare"], ["tests/test_reproduce.py::test_same_numbers_compares_every_value_and_names_"
                                             "what_changed"]),
