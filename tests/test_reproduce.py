@@ -524,6 +524,161 @@ def test_claims_compare_counts_how_far_each_number_moved_in_standard_errors():
         ["# a", "# b"], {"r": ["[r] x/y (1 seed)", "l | k 1 +- 0"]})
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("git"), reason="needs git")
+def test_same_numbers_runs_a_revision_and_the_working_tree_and_says_which_runs_changed(tmp_path, monkeypatch, capsys):
+    """tools/same_numbers.py end to end, in a git repository of this one's scripts (parity's small run only): HEAD
+    against its own working tree gives identical numbers (exit 0); a learning rate changed in the working tree gives
+    differences, the first 20 named (exit 1); a script that fails in it cannot be compared (exit 1). The revision's
+    worktree is removed afterwards."""
+    clone = tmp_path / "repo"
+    clone.mkdir()
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), clone)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    for argv in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "the scripts"]):
+        subprocess.run(git + argv, cwd=clone, check=True)
+    monkeypatch.setattr(same_numbers_tool, "ROOT", str(clone))
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "HEAD", "--only", "parity"])
+
+    def compared():
+        with pytest.raises(SystemExit) as stop:
+            same_numbers_tool.main()
+        return stop.value.code, capsys.readouterr().out.splitlines()
+
+    assert compared() == (0, ["parity: identical", "1 of 1 runs give the same numbers"])
+    script = clone / "parity.py"
+    source = script.read_text()
+    lr = 'default=None, help="Adam learning rate'
+    assert lr in source
+    script.write_text(source.replace(lr, 'default=0.5, help="Adam learning rate'))
+    code, out = compared()
+    assert code == 1 and re.fullmatch(r"parity: \d+ differences", out[0])
+    assert out[-1] == "0 of 1 runs give the same numbers" and 1 <= len(out[1:-1]) <= 20  # the first 20 shown
+    assert all(line.startswith("    /runs/setting1/seed0/") and " -> " in line for line in out[1:-1])
+    script.write_text("raise SystemExit('broken on purpose')\n" + source)
+    assert compared() == (1, ["parity: could not compare (before: ok; after: exit 1: ['broken on purpose'])",
+                              "0 of 1 runs give the same numbers"])
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=clone, capture_output=True, text=True).stdout
+    assert len(worktrees.strip().splitlines()) == 1
+
+
+def test_same_numbers_runs_each_small_run_in_one_thread_on_its_data_and_reads_what_it_wrote(tmp_path, monkeypatch):
+    """same_numbers.run_all with the scripts stood in for: each of RUNS and the pretrained run (vision.py --pretrained
+    in a revision without imagenet.py, imagenet.py in one with it) runs in the repository with one thread, a fixed
+    hash seed, {data} made the data folder, and its own run name; its metrics.json is read back from
+    <out>/<script>/<name>. A run that failed, or wrote nothing, is its exit code and the last line of its error (or
+    the end of its output). --only names a script (all its runs) or a run."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the caller's: each run still gets one
+    calls, out, repo = [], str(tmp_path / "out"), tmp_path / "repo"
+    failing = {"parity": (1, "Traceback\n  ...\nValueError: bad\n", ""), "grokking": (1, "", "x" * 250 + "y" * 300),
+               "synthetic": (0, "", "")}  # the last exits 0 but writes nothing
+
+    def run(cmd, cwd, capture_output, text, env):
+        name = cmd[cmd.index("--run-name") + 1]
+        calls.append((name, cmd, cwd, env))
+        if name in failing:
+            code, err, printed = failing[name]
+            return SimpleNamespace(returncode=code, stderr=err, stdout=printed)
+        folder = os.path.join(cmd[cmd.index("--out-dir") + 1], cmd[1][:-3], name)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "metrics.json"), "w") as fh:
+            json.dump({"ran": cmd[1:-6]}, fh)
+        return SimpleNamespace(returncode=0, stderr="", stdout="")
+
+    monkeypatch.setattr(same_numbers_tool, "subprocess", SimpleNamespace(run=run))
+    repo.mkdir()
+    results = same_numbers_tool.run_all(str(repo), out, "/data", None)
+    runs = dict(same_numbers_tool.RUNS, pretrained=same_numbers_tool.PRETRAINED["before"])
+    assert list(results) == [name for name, *_ in calls] == list(runs)
+    assert results["parity"] == "exit 1: ['ValueError: bad']" and results["grokking"] == "exit 1: " + "y" * 300
+    assert results["synthetic"] == "exit 0: "
+    for name, cmd, cwd, env in calls:
+        argv = [a.replace("{data}", "/data") for a in runs[name]]
+        assert cmd == [sys.executable, *argv, "--threads", "1", "--out-dir", out, "--run-name", name]
+        assert cwd == str(repo) and env["OMP_NUM_THREADS"] == "1" and env["PYTHONHASHSEED"] == "0"
+        assert env["PATH"] == os.environ["PATH"]
+        if name not in failing:
+            assert results[name] == {"ran": argv}
+    assert "/data/glue" in calls[list(runs).index("language")][1] and results["pretrained"]["ran"][0] == "vision.py"
+    (repo / "imagenet.py").write_text("")  # a revision after the move
+    shutil.rmtree(out)
+    calls.clear()
+    assert same_numbers_tool.run_all(str(repo), out, "/data", ["vision", "pretrained"]) == {
+        "vision": {"ran": runs["vision"]}, "vision-steps": {"ran": runs["vision-steps"]},
+        "pretrained": {"ran": [a.replace("{data}", "/data") for a in same_numbers_tool.PRETRAINED["after"]]}}
+    shutil.rmtree(out)
+    assert list(same_numbers_tool.run_all(str(repo), out, "/data", ["vision-steps"])) == ["vision-steps"]
+
+
+def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_path, monkeypatch, capsys):
+    """same_numbers.main with the runs and git stood in for: the revision is checked out in a worktree, removed
+    afterwards even when a run raises; each run is identical (its new keys listed, six at most), has differences
+    (named), or could not be compared; the pretrained run, renamed since, is within 2 standard errors or not; the
+    last line counts the runs that gave the same numbers, and the exit code is 1 when one did not. --help shows the
+    usage; --before is required."""
+    from types import SimpleNamespace
+
+    gits, finals = [], {}
+    monkeypatch.setattr(same_numbers_tool, "subprocess", SimpleNamespace(run=lambda cmd, **kw: gits.append((cmd, kw))))
+    monkeypatch.setattr(same_numbers_tool, "tempfile", SimpleNamespace(mkdtemp=lambda prefix: str(tmp_path)))
+    pretrained = lambda script, run, sens: {"script": script, "runs": {f"convnext_tiny/{run}": {"final": {
+        "sens": sens, "sens_stderr": 0.1}}}}
+    before = {"a": {"x": 1}, "b": {"x": 1, "y": [1, 2]}, "c": "exit 1: ['boom']", "d": {"x": 1},
+              "pretrained": pretrained("vision", "pretrained", 0.5)}
+
+    def run_all(repo, out, data, only):
+        assert data == str(tmp_path / "data") and only == ["a"]
+        if repo == str(tmp_path / "before"):
+            assert out == str(tmp_path / "out-before")
+            return before
+        assert repo == same_numbers_tool.ROOT and out == str(tmp_path / "out-after")
+        return {"a": {"x": 1, **{f"n{i}": i for i in range(7)}}, "b": {"x": 2, "y": [1, 3]}, "c": {"x": 1},
+                "d": "exit 2: ['bad flag']", "pretrained": pretrained("imagenet", "seed0", finals["sens"])}
+
+    monkeypatch.setattr(same_numbers_tool, "run_all", run_all)
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "abc123", "--only", "a"])
+    for sens, within in [(0.78, "within"), (0.9, "NOT within")]:  # 2 s.e. of the difference: 0.283
+        finals["sens"], gits[:] = sens, []
+        with pytest.raises(SystemExit, match="^1$"):
+            same_numbers_tool.main()
+        assert capsys.readouterr().out.splitlines() == [
+            "a: identical (7 new keys: /n0, /n1, /n2, /n3, /n4, /n5 ...)", "b: 2 differences", "    /x: 1 -> 2",
+            "    /y[1]: 2 -> 3", "c: could not compare (before: exit 1: ['boom']; after: ok)",
+            "d: could not compare (before: ok; after: exit 2: ['bad flag'])",
+            f"pretrained: {within} 2 standard errors (not deterministic): convnext_tiny/seed0 0.500 +- 0.100 -> "
+            f"{sens:.3f} +- 0.100", f"{2 if within == 'within' else 1} of 5 runs give the same numbers"]
+        worktree = str(tmp_path / "before")
+        root = same_numbers_tool.ROOT  # git runs quietly in this repository; a failed checkout stops the tool
+        assert gits == [(["git", "worktree", "add", "--detach", worktree, "abc123"],
+                         dict(cwd=root, check=True, capture_output=True)),
+                        (["git", "worktree", "remove", "--force", worktree], dict(cwd=root, capture_output=True))]
+    assert os.path.isfile(tmp_path / "data" / "glue" / "MRPC" / "train.tsv")  # the generated data
+    before = {"a": {"x": 1}}
+    finals["sens"] = 0.5
+    monkeypatch.setattr(same_numbers_tool, "run_all", lambda repo, *a: before if "before" in repo else {"a": {"x": 1}})
+    with pytest.raises(SystemExit, match="^0$"):
+        same_numbers_tool.main()
+    assert capsys.readouterr().out.splitlines() == ["a: identical", "1 of 1 runs give the same numbers"]
+    monkeypatch.setattr(same_numbers_tool, "run_all", lambda *a: 1 / 0)
+    gits.clear()
+    with pytest.raises(ZeroDivisionError):
+        same_numbers_tool.main()
+    assert [cmd[2] for cmd, _ in gits] == ["add", "remove"]
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--help"])
+    with pytest.raises(SystemExit, match="^0$"):
+        same_numbers_tool.main()
+    helped = capsys.readouterr().out
+    assert "\n    python tools/same_numbers.py --before HEAD~3      # about 2 minutes on 2 cores\n" in helped
+    assert "git revision to compare the working tree with" in helped and "'vision-steps'" in helped
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py"])
+    with pytest.raises(SystemExit, match="^2$"):  # --before is required
+        same_numbers_tool.main()
+
+
 def test_same_numbers_compares_every_value_and_names_what_changed():
     """tools/same_numbers.py's compare, which says a refactor changed no number: every value of the run before is in
     the run after, unchanged, at any depth; wall times and arguments are not compared; new keys are listed apart."""

@@ -139,8 +139,14 @@ TARGETS = {
                   "UInt8Images.__len__", "UInt8Images.__getitem__"],
                  ["tests/test_bench.py", "tests/test_cli.py"]),  # test_cli: parse_args
     # what says that a refactor changed no number
-    "tools/same_numbers.py": (["compare"], ["tests/test_reproduce.py::test_same_numbers_compares_every_value_and_names_"
-                                            "what_changed"]),
+    "tools/same_numbers.py": (["compare", "run_all", "main"],
+                              ["tests/test_reproduce.py::test_same_numbers_compares_every_value_and_names_what_changed",
+                               "tests/test_reproduce.py::test_same_numbers_runs_each_small_run_in_one_thread_on_its_"
+                               "data_and_reads_what_it_wrote",
+                               "tests/test_reproduce.py::test_same_numbers_says_for_each_run_whether_its_numbers_are_"
+                               "the_same",
+                               "tests/test_reproduce.py::test_same_numbers_runs_a_revision_and_the_working_tree_and_"
+                               "says_which_runs_changed"]),
     # what says whether a rerun's numbers moved beyond their standard errors (its tests alone: not the smoke run)
     "tools/claims_cpu.py": (["blocks", "numbers", "stored", "rows_of", "compare", "main"],
                             [f"tests/test_reproduce.py::test_{name}" for name in [
