@@ -616,26 +616,29 @@ def test_same_numbers_runs_each_small_run_in_one_thread_on_its_data_and_reads_wh
 
 def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_path, monkeypatch, capsys):
     """same_numbers.main with the runs and git stood in for: the revision is checked out in a worktree, removed
-    afterwards even when a run raises; each run is identical (its new keys listed, six at most), has differences
-    (named), or could not be compared; the pretrained run, renamed since, is within 2 standard errors or not; the
-    last line counts the runs that gave the same numbers, and the exit code is 1 when one did not. --help shows the
-    usage; --before is required."""
+    afterwards with the generated data and the runs' folders, even when a run raises; each run is identical (its new
+    keys listed, six at most), has differences (named), or could not be compared; the pretrained run, renamed since, is
+    within 2 standard errors or not; the last line counts the runs that gave the same numbers, and the exit code is 1
+    when one did not. --help shows the usage; --before is required."""
     from types import SimpleNamespace
 
-    gits, finals = [], {}
+    gits, finals, made, work = [], {}, [], tmp_path / "work"
     monkeypatch.setattr(same_numbers_tool, "subprocess", SimpleNamespace(run=lambda cmd, **kw: gits.append((cmd, kw))))
-    monkeypatch.setattr(same_numbers_tool, "tempfile", SimpleNamespace(mkdtemp=lambda prefix: str(tmp_path)))
+    mkdtemp = lambda prefix: work.mkdir() or str(work)
+    monkeypatch.setattr(same_numbers_tool, "tempfile", SimpleNamespace(mkdtemp=mkdtemp))
+    make_data = same_numbers_tool.make_data
+    monkeypatch.setattr(same_numbers_tool, "make_data", lambda folder: made.append(folder) or make_data(folder))
     pretrained = lambda script, run, sens: {"script": script, "runs": {f"convnext_tiny/{run}": {"final": {
         "sens": sens, "sens_stderr": 0.1}}}}
     before = {"a": {"x": 1}, "b": {"x": 1, "y": [1, 2]}, "c": "exit 1: ['boom']", "d": {"x": 1},
               "pretrained": pretrained("vision", "pretrained", 0.5)}
 
     def run_all(repo, out, data, only):
-        assert data == str(tmp_path / "data") and only == ["a"]
-        if repo == str(tmp_path / "before"):
-            assert out == str(tmp_path / "out-before")
+        assert data == str(work / "data") and only == ["a"] and os.path.isfile(work / "data/glue/MRPC/train.tsv")
+        if repo == str(work / "before"):
+            assert out == str(work / "out-before")
             return before
-        assert repo == same_numbers_tool.ROOT and out == str(tmp_path / "out-after")
+        assert repo == same_numbers_tool.ROOT and out == str(work / "out-after")
         return {"a": {"x": 1, **{f"n{i}": i for i in range(7)}}, "b": {"x": 2, "y": [1, 3]}, "c": {"x": 1},
                 "d": "exit 2: ['bad flag']", "pretrained": pretrained("imagenet", "seed0", finals["sens"])}
 
@@ -651,14 +654,14 @@ def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_pat
             "d: could not compare (before: ok; after: exit 2: ['bad flag'])",
             f"pretrained: {within} 2 standard errors (not deterministic): convnext_tiny/seed0 0.500 +- 0.100 -> "
             f"{sens:.3f} +- 0.100", f"{2 if within == 'within' else 1} of 5 runs give the same numbers"]
-        worktree = str(tmp_path / "before")
+        worktree = str(work / "before")
         root = same_numbers_tool.ROOT  # git runs quietly in this repository; a failed checkout stops the tool
         assert gits == [(["git", "worktree", "add", "--detach", worktree, "abc123"],
                          dict(cwd=root, check=True, capture_output=True)),
                         (["git", "worktree", "remove", "--force", worktree], dict(cwd=root, capture_output=True))]
-    assert os.path.isfile(tmp_path / "data" / "glue" / "MRPC" / "train.tsv")  # the generated data
+        assert made == [str(work / "data")] and not work.exists()  # the generated data, removed with the runs
+        made.clear()
     before = {"a": {"x": 1}}
-    finals["sens"] = 0.5
     monkeypatch.setattr(same_numbers_tool, "run_all", lambda repo, *a: before if "before" in repo else {"a": {"x": 1}})
     with pytest.raises(SystemExit, match="^0$"):
         same_numbers_tool.main()

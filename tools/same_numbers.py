@@ -15,6 +15,7 @@ Standard library only (the scripts themselves need the repository's requirements
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,7 @@ def main():
         after = run_all(ROOT, os.path.join(tmp, "out-after"), os.path.join(tmp, "data"), args.only)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", old], cwd=ROOT, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the generated data and both versions' runs: all read by now
     failed = 0
     for name in before:
         a, b = before[name], after.get(name)
