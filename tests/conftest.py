@@ -1,7 +1,7 @@
 """What several test files share: stopping a run in the middle of its training; the losses its divergence checks see;
 what its loop tells its progress and checkpoints; its optimizer's steps; torch's thread count kept; a spy on a
-function's keyword arguments; a synthetic run's final record; the figures report.py draws. And the order the suite
-runs in."""
+function's keyword arguments; a module's prints; a synthetic run's final record; the figures report.py draws. And the
+order the suite runs in."""
 
 import os
 import signal
@@ -84,6 +84,14 @@ def spy(made, key, make):
         made[key] = kw
         return make(*a, **kw)
     return called
+
+
+def printing(monkeypatch, module):
+    """Every call of print in `module` from now on, as (args, keyword arguments), in a list that fills; each still
+    prints. How a test sees `flush=`, which the PYTHONUNBUFFERED of a developer's shell would hide."""
+    calls = []
+    monkeypatch.setattr(module, "print", lambda *a, **kw: calls.append((a, kw)) or print(*a, **kw), raising=False)
+    return calls
 
 
 def synthetic_final(ood, sens_sparse, sens_frequent):

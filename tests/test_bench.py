@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import bench
 from common import gaussian, sensitivity
+from conftest import printing
 from test_common import phi
 
 
@@ -727,7 +728,7 @@ def test_run_all_sizes_each_group_for_its_device_in_its_threads_and_prints_as_it
     (at least 2) on a CPU; from N = 10 on, read_token evaluates 256 pairs and trains on 256. Every group runs in the
     threads --threads asks for, and each figure line is flushed as it is printed (a run stopped halfway has shown
     what it measured, even with its output in a pipe)."""
-    seen, printed = {}, []
+    seen = {}
 
     def stub(name):
         def run(*a):
@@ -743,7 +744,7 @@ def test_run_all_sizes_each_group_for_its_device_in_its_threads_and_prints_as_it
     monkeypatch.setattr(bench, "get_device", lambda name: fake)
     monkeypatch.setattr(bench, "environment", lambda d: {"device": d.type})
     monkeypatch.setattr(bench.torch, "randn", lambda *shape, device: torch.empty(*shape))  # no tensor on a GPU
-    monkeypatch.setattr(bench, "print", lambda *a, **kw: printed.append((a, kw)), raising=False)
+    printed = printing(monkeypatch, bench)
     torch.set_num_threads(3)
     argv = ["--threads", "2", "--only", "sens_during,language,read_token,quickstart,memory", "--out",
             str(tmp_path / "b.json")]

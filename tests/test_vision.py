@@ -22,7 +22,7 @@ import runs
 import vision
 import vits
 from common import paired_differences, patchify
-from conftest import loop_calls
+from conftest import loop_calls, printing
 from runs import Results, strict_json
 from test_common import phi
 
@@ -1263,12 +1263,10 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
     calls, measure = [], vision.measure_sensitivity
     monkeypatch.setattr(vision, "measure_sensitivity", lambda *x, sigmas, positions=None, **kw: calls.append(
         (sigmas, positions)) or measure(*x, sigmas=sigmas, positions=positions, **kw))
-    flushed = []  # each folder's line is flushed as it is printed (PYTHONUNBUFFERED would hide a missing flush)
-    monkeypatch.setattr(sampled_positions, "print", lambda *a, **kw: flushed.append(kw.get("flush")) or print(*a, **kw),
-                        raising=False)
+    printed = printing(monkeypatch, sampled_positions)  # each folder's line is flushed as it is printed
     out = tool(*every)
     assert calls == [([0.3], None), ([0.3, 3.0], 8)] * 4  # the check at the first sigma, then the sweep, sampled
-    assert flushed[:4] == [True] * 4
+    assert [kw.get("flush") for _, kw in printed[:4]] == [True] * 4
     lines = out.strip().splitlines()
     assert lines[:4] == [f"{f}: {m}/seed{s} checked; 2 sigmas: every patch about 151 s, 8 sampled 91 s"
                          for f, (m, s) in zip(every, [("vit", 0), ("vit", 1), ("mlp", 0), ("mlp", 1)])]
