@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -134,3 +135,176 @@ def test_skip_leaves_out_every_mutant_the_reports_ran(tmp_path):
     left = listed("--skip", str(first), str(second))
     assert left == [m for m in every if not m.startswith(f"vits.py:{line} sincos_2d: 4 -> 5")]
     assert len(left) == len(every) - 2
+
+
+TINY = {  # a repository of one module and its tests: the mutation check's own subject in the tests below
+    "m.py": "def double(x):\n    return 2 * x\n\n\ndef half(x):\n    return x / 2\n\n\ndef clip(x):\n"
+            "    return max(x, 0)\n",
+    "tests/test_m.py": "import os\nimport sys\n\nimport pytest\n\n"
+                       "sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+                       "import m  # noqa: E402\n\n\n"
+                       "def test_double():\n    assert os.environ['OMP_NUM_THREADS'] == '1'\n"
+                       "    assert m.double(3) == 6 and m.clip(5) == 5\n\n\n"
+                       "@pytest.mark.slow\ndef test_half():\n    assert m.half(4) == 2\n",
+    "tests/test_slow.py": "import pytest\n\n\n@pytest.mark.slow\ndef test_nothing_quick():\n    pass\n",
+    "pytest.ini": "[pytest]\nmarkers =\n    slow: the end-to-end tests\n",
+}
+
+
+def tiny_repo(root):
+    for path, text in TINY.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def running(pid):
+    """Whether a process runs (a zombie, left to a parent that never waits, does not)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except ProcessLookupError:
+        return False
+    except OSError:  # no /proc: it answered the signal
+        return True
+
+
+def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path, monkeypatch, capfd):
+    """A mutant is killed when the quick tests fail, when only the slow ones do, or when the tests run past the
+    timeout (the processes its tests started stopped with them); it survives when both pass or when a file has no
+    quick test (pytest's exit code 5). Each run is in the copy, with one thread whatever the caller's, its output kept
+    from the terminal, and the file put back as it was."""
+    repo = tiny_repo(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    original = TINY["m.py"]
+    quick, both = ["tests/test_m.py"], ["tests/test_m.py", "tests/test_slow.py"]
+    assert mutate.run(str(repo), "m.py", original, both, 60) is False
+    assert mutate.run(str(repo), "m.py", original, ["tests/test_slow.py"], 60) is False  # exit code 5, then 0
+    assert mutate.run(str(repo), "m.py", original.replace("2 * x", "3 * x"), quick, 60) is True
+    assert mutate.run(str(repo), "m.py", original.replace("x / 2", "x / 3"), quick, 60) is True  # the slow test
+    assert mutate.run(str(repo), "m.py", original.replace("max(x, 0)", "max(x, 1)"), quick, 60) is False
+    hang = original.replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
+                            "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
+    assert mutate.run(str(repo), "m.py", hang, quick, 3) is True
+    pid = int((repo / "child.pid").read_text())  # the process the hanging tests started is stopped with them
+    assert not any(running(pid) or time.sleep(0.1) for _ in range(50))
+    assert (repo / "m.py").read_text() == original
+    assert capfd.readouterr() == ("", "")
+
+
+def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, monkeypatch, capsys):
+    """Every mutant of the targets, two at a time, each in one of two scratch copies (without .git, out/ or
+    checkpoints, removed at the end): the report counts the killed per file, lists the survivor (clip's 0 -> 1),
+    and --rerun of that report runs it alone; a Ctrl-C still writes the report of the mutants run so far."""
+    repo = tiny_repo(tmp_path / "repo")
+    for junk in [".git/HEAD", "out/x.json", "ckpt.pt"]:
+        (repo / junk).parent.mkdir(parents=True, exist_ok=True)
+        (repo / junk).write_text("")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(mutate, "ROOT", str(repo))
+    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"])})
+    monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
+    copies, real_run = [], mutate.run
+
+    def run(copy, path, source, tests, timeout):
+        copies.append((copy, sorted(os.listdir(copy)), source))
+        return real_run(copy, path, source, tests, timeout)
+    monkeypatch.setattr(mutate, "run", run)
+
+    def main(*args):
+        monkeypatch.setattr(sys, "argv", ["mutate.py", *args])
+        mutate.main()
+        return capsys.readouterr().out
+
+    report = tmp_path / "report.json"
+    out = main("--jobs", "2", "--timeout", "60", "--out", str(report))
+    listed = [mutate.label("m.py", *m[:4]) for m in mutate.mutants("m.py", ["double", "clip"])]
+    assert len(listed) == 5 and "m.py:10 clip: 0 -> 1" in listed
+    assert len(copies) == 5 and os.listdir(scratch) == []
+    assert all(files == ["m.py", "pytest.ini", "tests"] for _, files, _ in copies)
+    sources = [m[4] for m in mutate.mutants("m.py", ["double", "clip"])]
+    copy = dict((sources.index(source), c) for c, _, source in copies)
+    assert copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
+    data = json.loads(report.read_text())
+    assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}
+    assert [mutate.label(r["file"], r["function"], r["line"], r["mutation"], r["occurrence"])
+            for r in data["mutants"]] == listed
+    assert [r["killed"] for r in data["mutants"]] == [m != "m.py:10 clip: 0 -> 1" for m in listed]
+    assert "survivors (the tests missed these):\n  m.py:10 clip: 0 -> 1\n" in out
+    assert "m.py: 4/5 killed (80%)" in out and "all: 4/5 killed (80.0% +- 17.9%)" in out
+    assert out.count("killed   m.py") == 4 and out.count("SURVIVED m.py:10 clip: 0 -> 1") == 1
+
+    again = tmp_path / "again.json"
+    out = main("--jobs", "1", "--rerun", str(report), "--out", str(again))
+    assert [r["mutation"] for r in json.loads(again.read_text())["mutants"]] == ["0 -> 1"]
+    assert "[1/1 " in out and "all: 0/1 killed (0.0% +- 0.0%)" in out
+
+    def interrupted(copy, path, source, tests, timeout):
+        if len(copies) == 7:
+            raise KeyboardInterrupt
+        return run(copy, path, source, tests, timeout)
+    monkeypatch.setattr(mutate, "run", interrupted)
+    out = main("--jobs", "1", "--out", str(again))
+    assert "interrupted after 1 of 5 mutants" in out and os.listdir(scratch) == []
+    assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 1, "killed": 1}}
+
+
+def test_every_kind_of_change_is_made_once_where_it_applies_and_undone():
+    """A function with one of each thing the check changes: each change as the mutant's line reads after it (a
+    statement deleted is a `pass`), the function's own statements deleted as well as nested ones, a docstring and
+    `f(device=...)` left, and each undo giving the function back."""
+    source = '''def f(a, b, x):
+    "a docstring"
+    y = a + b * 2 - x / 1.5 // 0.0 % 3 ** 1
+    if a < b and x in b or not a:
+        y = x.mean() + -a
+    z = g(a, b, key=1, **x)
+    h(a, device=b)
+    y += 1
+    while y:
+        break
+    return y if x else z[1:]
+'''
+    expected = [
+        ("Add -> Sub", "y = a - b * 2 - x / 1.5 // 0.0 % 3 ** 1"),
+        ("Mult -> Div", "y = a + b / 2 - x / 1.5 // 0.0 % 3 ** 1"),
+        ("2 -> 3", "y = a + b * 3 - x / 1.5 // 0.0 % 3 ** 1"),
+        ("Sub -> Add", "y = a + b * 2 + x / 1.5 // 0.0 % 3 ** 1"),
+        ("Div -> Mult", "y = a + b * 2 - x * 1.5 // 0.0 % 3 ** 1"),
+        ("1.5 -> 3.0", "y = a + b * 2 - x / 3.0 // 0.0 % 3 ** 1"),
+        ("FloorDiv -> Div", "y = a + b * 2 - x / 1.5 / 0.0 % 3 ** 1"),
+        ("0.0 -> 1.0", "y = a + b * 2 - x / 1.5 // 1.0 % 3 ** 1"),
+        ("Mod -> FloorDiv", "y = a + b * 2 - x / 1.5 // 0.0 // 3 ** 1"),
+        ("3 -> 4", "y = a + b * 2 - x / 1.5 // 0.0 % 4 ** 1"),
+        ("Pow -> Mult", "y = a + b * 2 - x / 1.5 // 0.0 % (3 * 1)"),
+        ("1 -> 0", "y = a + b * 2 - x / 1.5 // 0.0 % 3 ** 0"),
+        ("negate the condition", "if not (a < b and x in b or not a):"),
+        ("Or -> And", "if (a < b and x in b) and (not a):"), ("And -> Or", "if (a < b or x in b) or not a:"),
+        ("Lt -> GtE", "if a >= b and x in b or not a:"), ("In -> NotIn", "if a < b and x not in b or not a:"),
+        ("drop Not", "if a < b and x in b or +a:"),
+        (".mean -> .sum", "y = x.sum() + -a"), ("Add -> Sub", "y = x.mean() - -a"), ("drop USub", "y = x.mean() + +a"),
+        ("drop key=", "z = g(a, b, **x)"), ("swap arguments 1 and 2", "z = g(b, a, key=1, **x)"),
+        ("1 -> 0", "z = g(a, b, key=0, **x)"),
+        ("delete `h(a, device=b)`", "pass"),
+        ("delete `y += 1`", "pass"), ("1 -> 0", "y += 0"),
+        ("negate the condition", "while not y:"), ("delete `break`", "pass"),
+        ("return None", "return None"), ("negate the condition", "return y if not x else z[1:]"),
+        ("drop a slice's lower bound", "return y if x else z[:]"), ("1 -> 0", "return y if x else z[0:]")]
+    func = ast.parse(source).body[0]
+    found = list(mutate.mutations(func))
+    before = ast.unparse(func).splitlines()
+    lines = [[line.strip() for line, was in zip(after.splitlines(), before) if line != was]
+             for after in each_applied(func, [apply for *_, apply in found])]
+    assert sorted((what, *changed) for (_, what, _), changed in zip(found, lines)) == sorted(expected)
+    long = ast.parse("def f(x):\n    if x:\n        print('a line longer than fifty characters, cut at fifty')\n")
+    assert [what for _, what, _ in mutate.mutations(long.body[0])] == \
+        ["negate the condition", "delete `print('a line longer than fifty characters, cut at`"]
+
+
+def test_find_reads_a_method_by_its_class():
+    """`Class.name` is that class's method, not a function or another class's method of the same name."""
+    tree = ast.parse("def go():\n    return 0\n\n\nclass A:\n    def go(self):\n        return 1\n\n\n"
+                     "class B:\n    x = 1\n\n    def go(self):\n        return 2\n")
+    assert [mutate.find(tree, name).body[0].value.value for name in ["go", "A.go", "B.go"]] == [0, 1, 2]

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,9 @@ TARGETS = {
     # how close the generated corruptions are to the release's generator (its side needs the release's libraries)
     "tools/cifar_c_fidelity.py": (["ours", "draws_of", "replaying", "replayed", "sharpness", "same_order", "table",
                                    "compare", "fixture", "main"], ["tests/test_corruptions.py"]),
+    # the mutation check itself: what it changes, which mutants it runs, how it runs them and what it reports
+    "tools/mutate.py": (["setting", "mutations", "find", "mutants", "label", "run", "named", "among", "main"],
+                        ["tests/test_mutate.py"]),
 }
 BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
           ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv}
@@ -237,11 +241,11 @@ def mutations(func):
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
             out.append((node, f"drop {type(node.op).__name__}", setting(node, "op", ast.UAdd)))
         for field in ["body", "orelse"]:  # statements that do something without a name depending on them
-            stmts = getattr(node, field, None)
-            if isinstance(stmts, list) and node is not func:
+            stmts = getattr(node, field, None)  # (the function's own body too: a `model.eval()` or `n += 1` there)
+            if isinstance(stmts, list):
                 for i, s in enumerate(stmts):
                     if isinstance(s, (ast.Expr, ast.AugAssign, ast.Break, ast.Continue)) and \
-                            not isinstance(getattr(s, "value", None), ast.Constant):
+                            not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)):  # a docstring
                         def delete(st=stmts, i=i, s=s):
                             st[i] = ast.Pass()
                             return lambda: st.__setitem__(i, s)
@@ -271,7 +275,6 @@ def mutants(path, names):
         seen = Counter()
         for node, what, apply in mutations(func):
             undo = apply()
-            ast.fix_missing_locations(func)
             body = "".join(indent + line + "\n" for line in ast.unparse(func).splitlines())
             undo()
             line = getattr(node, "lineno", func.lineno)
@@ -292,14 +295,18 @@ def run(copy, path, source, tests, timeout):
         fh.write(source)
     try:
         for marks in ["not slow", "slow"]:  # the quick tests first; the end-to-end runs only for a survivor
-            done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", marks,
-                                   *tests], cwd=copy, capture_output=True, timeout=timeout,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            if done.returncode not in (0, 5):  # 5: no test selected
-                return True
+            # in a process group of its own, so that a timeout also stops the scripts the tests started
+            done = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", marks,
+                                     *tests], cwd=copy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+            try:
+                if done.wait(timeout) not in (0, 5):  # 5: no test selected
+                    return True
+            except subprocess.TimeoutExpired:
+                os.killpg(done.pid, signal.SIGKILL)
+                done.wait()
+                return True  # an infinite loop is a failure the user would notice
         return False
-    except subprocess.TimeoutExpired:
-        return True  # an infinite loop is a failure the user would notice
     finally:
         with open(target, "w") as fh:
             fh.write(original)
