@@ -12,6 +12,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import mutate  # noqa: E402
+import pytest  # noqa: E402
+from conftest import printing  # noqa: E402
 
 
 def test_each_mutant_changes_one_function_compiles_and_has_its_own_name():
@@ -204,7 +206,9 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(mutate, "ROOT", str(repo))
-    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"])})
+    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"]),
+                                            "n.py": (["triple"], ["tests/test_m.py"])})
+    (repo / "n.py").write_text("def triple(x):\n    return 3 * x\n")
     monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
     copies, real_run = [], mutate.run
 
@@ -214,21 +218,24 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     monkeypatch.setattr(mutate, "run", run)
 
     def main(*args):
-        monkeypatch.setattr(sys, "argv", ["mutate.py", *args])
-        mutate.main()
+        mutate.main(mutate.parse_args(list(args)))
         return capsys.readouterr().out
 
     report = tmp_path / "report.json"
-    out = main("--jobs", "2", "--timeout", "60", "--out", str(report))
+    printed = printing(monkeypatch, mutate)
+    out = main("--jobs", "2", "--timeout", "60", "--functions", "double", "clip", "--out", str(report))
+    assert sum(a[0].startswith("[") and kw == {"flush": True} for a, kw in printed) == 5
     listed = [mutate.label("m.py", *m[:4]) for m in mutate.mutants("m.py", ["double", "clip"])]
     assert len(listed) == 5 and "m.py:10 clip: 0 -> 1" in listed
     assert len(copies) == 5 and os.listdir(scratch) == []
-    assert all(files == ["m.py", "pytest.ini", "tests"] for _, files, _ in copies)
+    assert all(files == ["m.py", "n.py", "pytest.ini", "tests"] for _, files, _ in copies)
+    assert all(os.path.basename(c).startswith("mutate-") for c, _, _ in copies)
     sources = [m[4] for m in mutate.mutants("m.py", ["double", "clip"])]
     copy = dict((sources.index(source), c) for c, _, source in copies)
     assert copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
+    assert report.read_text().startswith('{\n "summary": {\n  "m.py": {\n   "mutants": 5,')  # one per line
     data = json.loads(report.read_text())
-    assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}
+    assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}  # n.py ran none
     assert [mutate.label(r["file"], r["function"], r["line"], r["mutation"], r["occurrence"])
             for r in data["mutants"]] == listed
     assert [r["killed"] for r in data["mutants"]] == [m != "m.py:10 clip: 0 -> 1" for m in listed]
@@ -246,9 +253,11 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
             raise KeyboardInterrupt
         return run(copy, path, source, tests, timeout)
     monkeypatch.setattr(mutate, "run", interrupted)
-    out = main("--jobs", "1", "--out", str(again))
+    out = main("--jobs", "1", "--files", "m.py", "--out", str(again))
     assert "interrupted after 1 of 5 mutants" in out and os.listdir(scratch) == []
     assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 1, "killed": 1}}
+    out = main("--change", "no such change", "--out", str(again))
+    assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(again.read_text()) == {"summary": {}, "mutants": []}
 
 
 def test_every_kind_of_change_is_made_once_where_it_applies_and_undone():
@@ -308,3 +317,49 @@ def test_find_reads_a_method_by_its_class():
     tree = ast.parse("def go():\n    return 0\n\n\nclass A:\n    def go(self):\n        return 1\n\n\n"
                      "class B:\n    x = 1\n\n    def go(self):\n        return 2\n")
     assert [mutate.find(tree, name).body[0].value.value for name in ["go", "A.go", "B.go"]] == [0, 1, 2]
+
+
+def test_help_shows_the_examples_and_every_flag_with_its_help():
+    """--help prints the module's examples as written and each flag with its help text and metavar."""
+    p = subprocess.run([sys.executable, os.path.join("tools", "mutate.py"), "--help"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "    python tools/mutate.py --list                 # only print the mutants\n" in p.stdout
+    for flag, words in [("--files", "files to mutate"), ("--jobs", "mutants run side by side"),
+                        ("--timeout", "seconds before a mutant's test run counts as failed"),
+                        ("--functions", "only these functions of the files"), ("--change", "only the mutants whose"),
+                        ("--list", "only list the mutants"), ("--sample", "run only this many mutants"),
+                        ("--sample-seed", "seed of the --sample draw"), ("--rerun", "run only the mutants that"),
+                        ("--skip REPORT [REPORT ...]", "leave out every mutant"), ("--out", "the JSON report")]:
+        assert f"{flag} " in text and words in text, flag
+
+
+def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys):
+    """Each flag's default and a value given; --jobs defaults to the cores (one where they are unknown); a file or a
+    function that is not a target is one line and exit code 2. --sample draws that many in file order (all of them
+    when it is 0 or more than there are)."""
+    args = mutate.parse_args([])
+    assert vars(args) == {"files": list(mutate.TARGETS), "jobs": os.cpu_count() or 1, "timeout": 300,
+                          "functions": None, "change": None, "list": False, "sample": 0, "sample_seed": 0,
+                          "rerun": None, "skip": [], "out": "out/mutate/report.json",
+                          "names": {path: names for path, (names, _) in mutate.TARGETS.items()}}
+    args = mutate.parse_args(["--files", "vits.py", "parity.py", "--jobs", "3", "--timeout", "5", "--functions",
+                              "sincos_2d", "parity", "--change", "a", "b", "--list", "--sample", "4", "--sample-seed",
+                              "7", "--rerun", "r.json", "--skip", "a.json", "b.json", "--out", "o.json"])
+    assert vars(args) == {"files": ["vits.py", "parity.py"], "jobs": 3, "timeout": 5,
+                          "functions": ["sincos_2d", "parity"], "change": ["a", "b"], "list": True, "sample": 4,
+                          "sample_seed": 7, "rerun": "r.json", "skip": ["a.json", "b.json"], "out": "o.json",
+                          "names": {"vits.py": ["sincos_2d"], "parity.py": ["parity"]}}
+    monkeypatch.setattr(mutate.os, "cpu_count", lambda: None)
+    assert mutate.parse_args([]).jobs == 1
+    for argv, error in [(["--files", "nope.py"], "invalid choice: 'nope.py'"), (["--jobs", "two"], "invalid int"),
+                        (["--files", "vits.py", "--functions", "sincos_2d", "parity", "zzz"],
+                         "--functions parity zzz: not a target of vits.py (TARGETS lists them)")]:
+        with pytest.raises(SystemExit) as stop:
+            mutate.parse_args(argv)
+        assert stop.value.code == 2 and error in capsys.readouterr().err
+    every = listed()
+    assert listed("--sample", "0") == listed("--sample", str(len(every))) == listed("--sample", "999") == every
+    one, three = listed("--sample", "1"), listed("--sample", "3", "--sample-seed", "5")
+    assert len(one) == 1 and len(three) == 3 and three == [m for m in every if m in three] != every[:3]

@@ -324,7 +324,7 @@ def among(mutant, names):
     return mutant[:5] in names or (*mutant[:4], None) in names
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", nargs="+", default=list(TARGETS), choices=list(TARGETS), help="files to mutate")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants run side by side")
@@ -339,13 +339,17 @@ def main():
     p.add_argument("--skip", nargs="+", default=[], metavar="REPORT", help="leave out every mutant these JSON reports "
                    "ran, killed or not: the rest of a kind, in pieces (a Ctrl-C still writes the report of its piece)")
     p.add_argument("--out", type=str, default="out/mutate/report.json", help="the JSON report")
-    args = p.parse_args()
-    names = {path: [n for n in TARGETS[path][0] if args.functions is None or n in args.functions]
-             for path in args.files}
-    unknown = set(args.functions or []) - {n for ns in names.values() for n in ns}
+    args = p.parse_args(argv)
+    args.names = {path: [n for n in TARGETS[path][0] if args.functions is None or n in args.functions]
+                  for path in args.files}  # the functions to mutate, per file
+    unknown = set(args.functions or []) - {n for ns in args.names.values() for n in ns}
     if unknown:
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
-    todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, names[path])]
+    return args
+
+
+def main(args):
+    todo = [(path, *m, TARGETS[path][1]) for path in args.files for m in mutants(path, args.names[path])]
     todo = [t for t in todo if args.change is None or any(c in t[3] for c in args.change)]
     if args.rerun:  # the survivors of an earlier report
         survived = named(args.rerun, survivors=True)
@@ -403,4 +407,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())
