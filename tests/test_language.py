@@ -4,6 +4,7 @@ masks, the hand-written LSTM against torch.nn.LSTM, the right-aligned sensitivit
 import json
 import math
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -219,11 +220,12 @@ def test_mrpc_runs_on_the_papers_split_by_default(tmp_path):
 
 
 def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path, monkeypatch, capsys):
-    """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is
-    an error naming the flag; the fake task is 400 training and 100 test pairs, none shared, of 50 words, labelled by
+    """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is an
+    error naming the flag; the fake task is 400 training and 100 test pairs, none shared, of 50 words, labelled by
     whether the second sentence starts with the first one's first word; the paired differences reach metrics.json on
-    disk and the summary is printed at the end. Its progress lines count epochs of 13 steps (400 pairs, 32 a step),
-    and name the README's MRPC protocol where a run is over an hour on a CPU."""
+    disk and the summary is printed at the end (the data and each model's size at the start). Its progress lines count
+    epochs of 13 steps (400 pairs, 32 a step), and name the README's MRPC protocol where a run is over an hour on a
+    CPU."""
     asked, made = [], []
     real = runs.Results.progress
     monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: made.append(kw) or real(self, *a, **kw))
@@ -254,6 +256,10 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
     data = language.main(language.parse_args(small + ["--model", "lstm", "gpt2", "--run-name", "p"]))
     out = capsys.readouterr().out
     assert "\nlstm (1 seed) | train acc " in out and "\nfinal gpt2-softmax - lstm | sigma 3.87298: " in out, out
+    assert "\nfake: 400 train / 100 test pairs (paper split; the majority class is 0.550 of the test pairs), " \
+        "vocabulary " in out  # then each model's size, once
+    for run in ["lstm/seed0", "gpt2-softmax/seed0"]:
+        assert len(re.findall(f"^{run}: [0-9]+[.][0-9][0-9]M parameters$", out, re.M)) == 1, run
     assert "\nwrote " in out and "sensitivity.png" in out  # the figures' paths
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)

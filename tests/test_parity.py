@@ -4,6 +4,7 @@ reference, and a short end-to-end run."""
 import json
 import math
 import os
+import re
 import time
 
 import pytest
@@ -90,9 +91,10 @@ def test_end_to_end(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("n", [16, 17])
 def test_the_exact_value_up_to_16_bits_and_the_time_of_each_evaluation(tmp_path, n, capsys):
-    """n <= 16 bits: the final record holds the exact sensitivity from the Fourier spectrum; 17 bits: none (2^17
-    inputs would be too many). Each evaluation records the seconds since its run started: growing, and within the
-    test's own wall time, and prints its line. The run ends with its summary (it ended with the figure's name alone)."""
+    """n <= 16 bits: the final record holds the exact sensitivity from the Fourier spectrum; 17 bits: none (2^17 inputs
+    would be too many). Each evaluation records the seconds since its run started: growing, and within the test's own
+    wall time, and prints its line; the run's relevant bits and size come first, once. The run ends with its summary (it
+    ended with the figure's name alone)."""
     argv = ["--n", str(n), "--k", "2", "--steps", "2", "--eval-every", "1", "--n-train", "100", "--n-test", "20",
             "--n-sens", "10", "--dim", "8", "--heads", "2", "--out-dir", str(tmp_path)]
     t0 = time.time()
@@ -103,6 +105,8 @@ def test_the_exact_value_up_to_16_bits_and_the_time_of_each_evaluation(tmp_path,
     assert 0 <= times[0] <= times[1] <= times[2] == run["final"]["time"] <= wall
     out = capsys.readouterr().out
     assert "\nsetting1/seed0: count " in out and "\nsetting1 (1 seed) | count " in out
+    size = re.findall(r"^setting1/seed0: .+ relevant bits \[\d+, \d+\], (\d+) parameters$", out, re.M)  # once
+    assert len(size) == 1 and int(size[0]) > 100
     lines = [line for line in out.splitlines() if line.startswith("setting1/seed0 step ")]  # one per evaluation
     assert len(lines) == len(times) and all(" | sens count " in line for line in lines)
     assert "\nwrote " in out and "parity.png" in out  # the figure's path, after the summary

@@ -188,12 +188,15 @@ class Pixel(torch.nn.Module):
 
 
 def test_accuracy_reads_every_image_as_x_over_255():
-    """A model right on every image when pixels are x / 255 has accuracy exactly 1, over all images, in any batch."""
+    """A model right on every image when pixels are x / 255 has accuracy exactly 1, over all images, in any batch,
+    also when it is handed over in training mode (with a dropout that would otherwise zero its inputs)."""
     images = torch.zeros(1003, 1, 4, 4, dtype=torch.uint8)
     labels = torch.arange(1003) % 2
     images[:, 0, 0, 0] = (labels * 255).to(torch.uint8)
     assert R.accuracy(Pixel(), images, labels) == 1.0
     assert R.accuracy(Pixel(), images, 1 - labels) == 0.0
+    dropping = torch.nn.Sequential(torch.nn.Dropout(0.999), Pixel()).train()  # left in training mode: evaluated in
+    assert R.accuracy(dropping, images, labels) == 1.0 and not dropping.training  # eval mode, without its dropout
 
 
 def test_our_models_are_evaluated_on_0_1_images_through_normalize():

@@ -482,6 +482,36 @@ def test_every_runs_progress_lines_stop_when_its_training_ends(tmp_path, monkeyp
     assert len(made) == 2 and all(p.done.is_set() for p in made)
 
 
+def test_a_runs_progress_lines_stop_once_its_final_numbers_are_in(tmp_path, capsys):
+    """Results.final stops the run's progress thread at once (not when the next run starts): no line is printed
+    while a script goes on after a run (robustness.py's measurements, the next run's data and model), and the
+    ended Progress still gives the run's seconds to a second final()."""
+    res = runs.Results(str(tmp_path), "vision", {"progress_every": 0.02}, "cpu")
+    progress = res.progress("m/seed0", 0, 10, 5)
+    progress.tick(0, False)
+    time.sleep(0.1)
+    assert "m/seed0 | step 0/10" in capsys.readouterr().out
+    res.final("m/seed0", {"acc": 0.5})
+    assert progress.done.is_set() and res.current is None and res.ended is progress
+    time.sleep(0.1)
+    assert capsys.readouterr().out == ""
+    res.final("m/seed0", {"corrupt_acc": 0.4})
+    assert set(res.data["runs"]["m/seed0"]["seconds"]) == {"training", "evaluations", "final"}
+    diverged = res.progress("m/seed1", 0, 10, 5)  # a run without final numbers: the next run's start stops it
+    res.progress("m/seed2", 0, 10, 5)
+    assert diverged.done.is_set() and res.ended is diverged
+    res.stop_progress()
+
+
+def test_seed_all_seeds_pythons_numpys_and_torchs_generators():
+    """The same seed gives the same draws of random, numpy and torch; another seed other draws of each."""
+    def draws(seed):
+        runs.seed_all(seed)
+        return random.random(), float(np.random.rand()), torch.rand(1).item()
+    first, again, other = draws(3), draws(3), draws(4)
+    assert first == again and all(a != b for a, b in zip(first, other))
+
+
 def test_threads_are_one_per_process_by_default_and_at_most_four_per_core(kept_threads):
     """--threads 0 (the default policy) is one thread; a number is that many, up to 4x the cores; more, or fewer
     than 0, is refused with a message."""
@@ -813,10 +843,11 @@ def test_time_split_in_minutes(tmp_path, capsys):
                                                         "final measurements 8.5 min | total 25.5 min")
 
 
-def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
+def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path, capsys):
     """The seconds a run records cover the whole run: its checkpoint keeps the training and evaluation time so far,
     and the Progress of the resumed invocation starts from them. metrics.json keeps the environment of each resumed
-    invocation beside that of the first (CPU runs repeat bit for bit on one processor only)."""
+    invocation beside that of the first (CPU runs repeat bit for bit on one processor only). One line says where the
+    run goes on from."""
     from runs import Results
 
     model = torch.nn.Linear(2, 2)
@@ -827,7 +858,9 @@ def test_a_resumed_run_counts_the_time_before_its_checkpoint(tmp_path):
     res.checkpoint("m/seed0", 5, True, 5, model, opt)
     res.stop_progress()
     again = Results(str(tmp_path), "synthetic", {}, "cpu", resume=True)
+    capsys.readouterr()
     assert again.resume("m/seed0", "step")["step"] == 5
+    assert capsys.readouterr().out == "m/seed0: resumed after step 5\n"
     assert again.data["env"] == res.data["env"] and again.data["resumed"] == [runs.environment("cpu")]
     spent = again.progress("m/seed0", 5, 10, 5).seconds()
     assert spent == {"training": 5.0, "evaluations": 7.0, "final": 0.0}  # no tick yet: no final measurements

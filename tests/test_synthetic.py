@@ -115,11 +115,13 @@ def test_bad_sizes_are_rejected():
 def test_end_to_end(tmp_path, capsys, monkeypatch):
     """A 4-step run of both presets writes metrics.json with the documented keys, evaluations every --eval-every
     steps and at the end (the progress lines told which steps evaluate, whose times report.py --times splits), and
-    the figure; report.py redraws it and says where."""
+    the figure, and prints the summary; report.py redraws it and says where."""
     calls = loop_calls(monkeypatch)
     args = synthetic.parse_args(["--steps", "4", "--eval-every", "3", "--seeds", "0", "1", "--n-train", "200",
                                  "--n-test", "100", "--n-sens", "50", "--out-dir", str(tmp_path)])
     data = synthetic.main(args)
+    printed = capsys.readouterr().out  # the run ends with the summary report.py prints (the README's quick start)
+    assert "\nsparse-lower (2 seeds) | ood_acc " in printed and "\nfrequent-lower (2 seeds) | ood_acc " in printed
     folder = tmp_path / "synthetic" / "cases"
     on_disk = json.loads((folder / "metrics.json").read_text())
     assert on_disk["runs"].keys() == data["runs"].keys() == {

@@ -209,9 +209,10 @@ def test_learning_rates_per_model():
 
 @pytest.mark.slow
 def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
-    """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures,
-    and the summary printed at the end. Each evaluation records the seconds since its run started: growing, and
-    within the test's own wall time. The progress hears of every step, the checkpoints of every epoch's end."""
+    """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures, and
+    the summary printed at the end (the data and each model's size at the start). Each evaluation records the seconds
+    since its run started: growing, and within the test's own wall time. The progress hears of every step, the
+    checkpoints of every epoch's end."""
     calls = loop_calls(monkeypatch)
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
@@ -221,6 +222,11 @@ def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
     wall = time.time() - t0
     out = capsys.readouterr().out
     assert "\nvit (2 seeds) | train acc " in out and "\nmlp - vit | patch:0.1 " in out, out
+    assert out.splitlines()[1] == "fake28: 100 train / 50 test images on cpu"  # then each run's size, once
+    sizes = {m: sum(p.numel() for p in vision.build_model(m, vision.parse_args(argv), 1, 28, 10).parameters()) / 1e6
+             for m in ["vit", "mlp"]}
+    for run in ["vit/seed0", "vit/seed1", "mlp/seed0", "mlp/seed1"]:
+        assert out.count(f"\n{run}: {sizes[run[:3]]:.2f}M parameters\n") == 1, run
     folder = tmp_path / "vision" / "t"
     data = json.loads((folder / "metrics.json").read_text())
     assert set(data["runs"]) == {"vit/seed0", "vit/seed1", "mlp/seed0", "mlp/seed1"}
