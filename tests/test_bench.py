@@ -604,6 +604,7 @@ def test_the_quick_start_figure_is_a_fresh_one_thread_synthetic_run_over_the_ref
     ticks = iter([5.0, 35.0, 0.0, 10.0])
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's: the quick start still gets one
+    torch.set_num_threads(2)  # and the reference workload one in this process, whatever it had
     assert bench.bench_quickstart(120, 3) == {"quickstart_s": 30.0, "reference_s": 2.0, "quickstart_ratio": 15.0}
     assert bench.bench_quickstart(300, 3)["quickstart_s"] == 10.0
     assert torch.get_num_threads() == 1

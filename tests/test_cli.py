@@ -115,6 +115,8 @@ BAD = [
     ("robustness", ["--severities", "6"], "--severities must be an integer from 1 to 5, got 6"),
     ("robustness", ["--severities", "0"], "--severities must be an integer from 1 to 5, got 0"),
     ("robustness", ["--dataset", "fake28", "--n-corrupt", "300", "--epochs", "1"], "--n-corrupt 300"),
+    ("robustness", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "5", "--n-sharp", "51", "--epochs", "1"],
+     "--n-sharp 51 asks for more than the 50 training images (--n-train)"),
     ("language", ["--n-train", "-3600"], "--n-train must be an integer >= 1"),
     ("language", ["--sigma", "nan"], "--sigma"),
     ("language", ["--layers", "2"], "unrecognized arguments: --layers"),

@@ -1270,7 +1270,9 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
     monkeypatch.setattr(vision, "measure_sensitivity", lambda *x, sigmas, positions=None, **kw: calls.append(
         (sigmas, positions)) or measure(*x, sigmas=sigmas, positions=positions, **kw))
     printed = printing(monkeypatch, sampled_positions)  # each folder's line is flushed as it is printed
+    torch.set_num_threads(2)
     out = tool(*every)
+    assert torch.get_num_threads() == 1  # the tool measures in one thread, as the runs did
     assert calls == [([0.3], None), ([0.3, 3.0], 8)] * 4  # the check at the first sigma, then the sweep, sampled
     assert [kw.get("flush") for _, kw in printed[:4]] == [True] * 4
     lines = out.strip().splitlines()
