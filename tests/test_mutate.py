@@ -186,6 +186,7 @@ def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path,
     assert mutate.run(str(repo), "m.py", original.replace("2 * x", "3 * x"), quick, 60) is True
     assert mutate.run(str(repo), "m.py", original.replace("x / 2", "x / 3"), quick, 60) is True  # the slow test
     assert mutate.run(str(repo), "m.py", original.replace("max(x, 0)", "max(x, 1)"), quick, 60) is False
+    assert mutate.run(str(repo), "m.py", original, ["tests/no_such_test.py"], 60) is True  # pytest's usage error
     hang = original.replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
                             "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
     assert mutate.run(str(repo), "m.py", hang, quick, 3) is True
@@ -363,3 +364,15 @@ def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(mo
     assert listed("--sample", "0") == listed("--sample", str(len(every))) == listed("--sample", "999") == every
     one, three = listed("--sample", "1"), listed("--sample", "3", "--sample-seed", "5")
     assert len(one) == 1 and len(three) == 3 and three == [m for m in every if m in three] != every[:3]
+
+
+def test_a_swap_compares_each_pair_of_neighbours_and_looks_for_stars_in_that_pair_alone():
+    """f(a, b, a): both pairs swapped; f(a, a, b): the second pair alone; a starred argument rules out only the pairs
+    it is in (f(*a, b, c): b and c swapped; f(a, b, *c): a and b)."""
+    source = "def f(a, b, c):\n    return f(a, b, a) + f(a, a, b) + f(*a, b, c) + f(a, b, *c)\n"
+    func = ast.parse(source).body[0]
+    found = [apply for _, what, apply in mutate.mutations(func) if what.startswith("swap arguments")]
+    assert sorted(line.split("return ")[1] for line in each_applied(func, found)) == sorted([
+        "f(b, a, a) + f(a, a, b) + f(*a, b, c) + f(a, b, *c)", "f(a, a, b) + f(a, a, b) + f(*a, b, c) + f(a, b, *c)",
+        "f(a, b, a) + f(a, b, a) + f(*a, b, c) + f(a, b, *c)", "f(a, b, a) + f(a, a, b) + f(*a, c, b) + f(a, b, *c)",
+        "f(a, b, a) + f(a, a, b) + f(*a, b, c) + f(b, a, *c)"])
