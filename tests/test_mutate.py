@@ -5,6 +5,7 @@ every mutant that reports ran."""
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -189,7 +190,7 @@ def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path,
     assert mutate.run(str(repo), "m.py", original, ["tests/no_such_test.py"], 60) is True  # pytest's usage error
     hang = original.replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
                             "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
-    assert mutate.run(str(repo), "m.py", hang, quick, 3) is True
+    assert mutate.run(str(repo), "m.py", hang, quick, 10) is True  # (time for pytest to start, under load too)
     pid = int((repo / "child.pid").read_text())  # the process the hanging tests started is stopped with them
     assert not any(running(pid) or time.sleep(0.1) for _ in range(50))
     assert (repo / "m.py").read_text() == original
@@ -243,6 +244,8 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "survivors (the tests missed these):\n  m.py:10 clip: 0 -> 1\n" in out
     assert "m.py: 4/5 killed (80%)" in out and "all: 4/5 killed (80.0% +- 17.9%)" in out
     assert out.count("killed   m.py") == 4 and out.count("SURVIVED m.py:10 clip: 0 -> 1") == 1
+    seconds = [int(t) for t in re.findall(r"^\[\d/5 (\d+)s\] ", out, re.M) + re.findall(r" in (\d+)s$", out, re.M)]
+    assert len(seconds) == 6 and max(seconds) < 300  # since the first mutant started
 
     again = tmp_path / "again.json"
     out = main("--jobs", "1", "--rerun", str(report), "--out", str(again))
@@ -338,8 +341,8 @@ def test_help_shows_the_examples_and_every_flag_with_its_help():
 
 def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys):
     """Each flag's default and a value given; --jobs defaults to the cores (one where they are unknown); a file or a
-    function that is not a target is one line and exit code 2. --sample draws that many in file order (all of them
-    when it is 0 or more than there are)."""
+    function that is not a target is one line and exit code 2. --change keeps the changes containing its text; --sample
+    draws that many in file order (all of them when it is 0 or more than there are)."""
     args = mutate.parse_args([])
     assert vars(args) == {"files": list(mutate.TARGETS), "jobs": os.cpu_count() or 1, "timeout": 300,
                           "functions": None, "change": None, "list": False, "sample": 0, "sample_seed": 0,
@@ -361,6 +364,8 @@ def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(mo
             mutate.parse_args(argv)
         assert stop.value.code == 2 and error in capsys.readouterr().err
     every = listed()
+    fours = listed("--change", "4 -> 5")  # the changes that contain this text
+    assert fours == [m for m in every if ": 4 -> 5" in m] and 0 < len(fours) < len(every)
     assert listed("--sample", "0") == listed("--sample", str(len(every))) == listed("--sample", "999") == every
     one, three = listed("--sample", "1"), listed("--sample", "3", "--sample-seed", "5")
     assert len(one) == 1 and len(three) == 3 and three == [m for m in every if m in three] != every[:3]
