@@ -153,6 +153,10 @@ TINY = {  # a repository of one module and its tests: the mutation check's own s
     "pytest.ini": "[pytest]\nmarkers =\n    slow: the end-to-end tests\n",
 }
 
+# a mutant whose tests hang, having started a process (its pid in child.pid)
+HANG = TINY["m.py"].replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
+                            "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
+
 
 def tiny_repo(root):
     for path, text in TINY.items():
@@ -188,9 +192,7 @@ def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path,
     assert mutate.run(str(repo), "m.py", original.replace("x / 2", "x / 3"), quick, 60) is True  # the slow test
     assert mutate.run(str(repo), "m.py", original.replace("max(x, 0)", "max(x, 1)"), quick, 60) is False
     assert mutate.run(str(repo), "m.py", original, ["tests/no_such_test.py"], 60) is True  # pytest's usage error
-    hang = original.replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
-                            "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
-    assert mutate.run(str(repo), "m.py", hang, quick, 10) is True  # (time for pytest to start, under load too)
+    assert mutate.run(str(repo), "m.py", HANG, quick, 10) is True  # (time for pytest to start, under load too)
     pid = int((repo / "child.pid").read_text())  # the process the hanging tests started is stopped with them
     assert not any(running(pid) or time.sleep(0.1) for _ in range(50))
     assert (repo / "m.py").read_text() == original
@@ -381,3 +383,23 @@ def test_a_swap_compares_each_pair_of_neighbours_and_looks_for_stars_in_that_pai
         "f(b, a, a) + f(a, a, b) + f(*a, b, c) + f(a, b, *c)", "f(a, a, b) + f(a, a, b) + f(*a, b, c) + f(a, b, *c)",
         "f(a, b, a) + f(a, b, a) + f(*a, b, c) + f(a, b, *c)", "f(a, b, a) + f(a, a, b) + f(*a, c, b) + f(a, b, *c)",
         "f(a, b, a) + f(a, a, b) + f(*a, b, c) + f(b, a, *c)"])
+
+
+def test_a_ctrl_c_during_a_test_run_stops_it_with_what_it_started_and_puts_the_file_back(tmp_path, monkeypatch):
+    """Ctrl-C while the tests run (raised once the process they start is up): the test run, in a process group of
+    its own that the terminal's Ctrl-C does not reach, is stopped with that process, and the file is as it was."""
+    repo = tiny_repo(tmp_path)
+    pid_file = repo / "child.pid"
+
+    class Interrupted(subprocess.Popen):
+        def wait(self, timeout=None):
+            if timeout is None:  # run's own wait after stopping the group
+                return super().wait()
+            while not (pid_file.exists() and pid_file.read_text()) and self.poll() is None:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+    monkeypatch.setattr(mutate.subprocess, "Popen", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mutate.run(str(repo), "m.py", HANG, ["tests/test_m.py"], 600)
+    assert not any(running(int(pid_file.read_text())) or time.sleep(0.1) for _ in range(50))
+    assert (repo / "m.py").read_text() == TINY["m.py"]

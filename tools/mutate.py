@@ -300,12 +300,17 @@ def run(copy, path, source, tests, timeout):
                                      *tests], cwd=copy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
             try:
-                if done.wait(timeout) not in (0, 5):  # 5: no test selected
-                    return True
+                code = done.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(done.pid, signal.SIGKILL)
+                code = None  # an infinite loop is a failure the user would notice
+            finally:  # what is left of the group: a test run timed out or stopped by Ctrl-C, a script it left behind
+                try:
+                    os.killpg(done.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 done.wait()
-                return True  # an infinite loop is a failure the user would notice
+            if code not in (0, 5):  # 5: no test selected
+                return True
         return False
     finally:
         with open(target, "w") as fh:
