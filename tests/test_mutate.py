@@ -229,20 +229,21 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     printed = printing(monkeypatch, mutate)
     out = main("--jobs", "2", "--timeout", "60", "--functions", "double", "clip", "--out", str(report))
     assert sum(a[0].startswith("[") and kw == {"flush": True} for a, kw in printed) == 5
-    listed = [mutate.label("m.py", *m[:4]) for m in mutate.mutants("m.py", ["double", "clip"])]
-    assert len(listed) == 5 and "m.py:10 clip: 0 -> 1" in listed
+    found = list(mutate.mutants("m.py", ["double", "clip"]))
+    labels = [mutate.label("m.py", *m[:4]) for m in found]
+    assert len(labels) == 5 and "m.py:10 clip: 0 -> 1" in labels
     assert len(copies) == 5 and os.listdir(scratch) == []
     assert all(files == ["m.py", "n.py", "pytest.ini", "tests"] for _, files, _ in copies)
     assert all(os.path.basename(c).startswith("mutate-") for c, _, _ in copies)
-    sources = [m[4] for m in mutate.mutants("m.py", ["double", "clip"])]
+    sources = [m[4] for m in found]
     copy = dict((sources.index(source), c) for c, _, source in copies)
     assert copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
     assert report.read_text().startswith('{\n "summary": {\n  "m.py": {\n   "mutants": 5,')  # one per line
     data = json.loads(report.read_text())
     assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}  # n.py ran none
     assert [mutate.label(r["file"], r["function"], r["line"], r["mutation"], r["occurrence"])
-            for r in data["mutants"]] == listed
-    assert [r["killed"] for r in data["mutants"]] == [m != "m.py:10 clip: 0 -> 1" for m in listed]
+            for r in data["mutants"]] == labels
+    assert [r["killed"] for r in data["mutants"]] == [m != "m.py:10 clip: 0 -> 1" for m in labels]
     assert "survivors (the tests missed these):\n  m.py:10 clip: 0 -> 1\n" in out
     assert "m.py: 4/5 killed (80%)" in out and "all: 4/5 killed (80.0% +- 17.9%)" in out
     assert out.count("killed   m.py") == 4 and out.count("SURVIVED m.py:10 clip: 0 -> 1") == 1
