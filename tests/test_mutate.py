@@ -153,9 +153,11 @@ TINY = {  # a repository of one module and its tests: the mutation check's own s
     "pytest.ini": "[pytest]\nmarkers =\n    slow: the end-to-end tests\n",
 }
 
-# a mutant whose tests hang, having started a process (its pid in child.pid)
-HANG = TINY["m.py"].replace("return 2 * x", "import subprocess\n    child = subprocess.Popen(['sleep', '600'])\n"
-                            "    open('child.pid', 'w').write(str(child.pid))\n    while True:\n        pass")
+# a mutant whose tests hang, having started a process (its pid in child.pid); both end by themselves after two
+# minutes, so that a mutant of run itself that no longer stops them (tools/mutate.py mutates itself) leaves nothing
+HANG = TINY["m.py"].replace("return 2 * x", "import subprocess, time\n    child = subprocess.Popen(['sleep', '120'])\n"
+                            "    open('child.pid', 'w').write(str(child.pid))\n    end = time.time() + 120\n"
+                            "    while time.time() < end:\n        pass")
 
 
 def tiny_repo(root):
