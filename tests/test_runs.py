@@ -493,6 +493,7 @@ def test_a_runs_progress_lines_stop_once_its_final_numbers_are_in(tmp_path, caps
     assert "m/seed0 | step 0/10" in capsys.readouterr().out
     res.final("m/seed0", {"acc": 0.5})
     assert progress.done.is_set() and res.current is None and res.ended is progress
+    capsys.readouterr()  # a line the thread began before final() stopped it (final waits for it)
     time.sleep(0.1)
     assert capsys.readouterr().out == ""
     res.final("m/seed0", {"corrupt_acc": 0.4})
