@@ -57,6 +57,22 @@ def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_ban
     plt.close(fig)
 
 
+def test_a_figure_is_laid_out_written_as_a_png_at_110_dpi_and_closed(tmp_path):
+    """save_figure: the panels are laid out to fit their labels, the PNG has the figure's size at 110 dots per inch,
+    the figure is closed (a script drawing many figures keeps none open) and the path is returned."""
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_ylabel("sensitivity\n(flip rate)")
+    before = ax.get_position().bounds
+    path = str(tmp_path / "fig.png")
+    assert report.save_figure(fig, path) == path
+    assert ax.get_position().bounds != before and plt.fignum_exists(fig.number) is False
+    with open(path, "rb") as fh:
+        header = fh.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")) == (440, 330)
+
+
 def test_a_panel_has_a_legend_of_its_labelled_curves_or_says_nothing_was_measured():
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 4)

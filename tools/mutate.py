@@ -68,7 +68,8 @@ TARGETS = {
                    "flag_key", "seeds", "models", "parse_args", "main",
                    # what the figures draw of the numbers (the curves, their bands and error bars, the profiles)
                    "plot_curves", "legend", "draw_training", "draw_data_scale", "draw_language", "draw",
-                   "draw_synthetic", "draw_vision", "draw_robustness", "draw_grokking", "draw_parity"],
+                   "draw_synthetic", "draw_vision", "draw_robustness", "draw_grokking", "draw_parity", "pyplot",
+                   "save_figure"],
                   ["tests/test_figures.py", "tests/test_runs.py", "tests/test_vision.py", "tests/test_language.py",
                    "tests/test_grokking.py", "tests/test_robustness.py", "tests/test_parity.py",
                    "tests/test_synthetic.py", "tests/test_imagenet.py", "tests/test_cli.py"]),  # test_cli: parse_args
