@@ -2,6 +2,10 @@
 the legends, the data-scale study's error bars, the language models' per-position profiles), read back from the
 matplotlib objects (conftest's `drawn`: nothing is written)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
@@ -55,6 +59,15 @@ def test_a_curve_is_the_mean_over_seeds_where_every_seed_measured_with_a_std_ban
     report.plot_curves(axes[2], [], "step", "sens", "no runs")
     assert not axes[2].lines and not axes[2].collections
     plt.close(fig)
+
+
+def test_figures_are_drawn_on_agg_whatever_backend_the_user_has_set():
+    """A user's MPLBACKEND (a notebook's, a desktop's) does not reach report.py's figures: they are files, drawn on
+    Agg, which needs no display."""
+    code = "import report; print(report.pyplot().get_backend())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MPLBACKEND": "svg"}, capture_output=True,
+                         text=True, check=True, cwd=os.path.dirname(os.path.abspath(report.__file__)))
+    assert out.stdout.strip().lower() == "agg"
 
 
 def test_a_figure_is_laid_out_written_as_a_png_at_110_dpi_and_closed(tmp_path):
