@@ -203,8 +203,9 @@ def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path,
 
 def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, monkeypatch, capsys):
     """Every mutant of the targets, two at a time, each in one of two scratch copies (without .git, out/ or
-    checkpoints, removed at the end): the report counts the killed per file, lists the survivor (clip's 0 -> 1),
-    and --rerun of that report runs it alone; a Ctrl-C still writes the report of the mutants run so far."""
+    checkpoints, removed at the end), after the file's tests have passed on the unchanged code: the report counts the
+    killed per file, lists the survivor (clip's 0 -> 1), and --rerun of that report runs it alone; a Ctrl-C still
+    writes the report of the mutants run so far."""
     repo = tiny_repo(tmp_path / "repo")
     for junk in [".git/HEAD", "out/x.json", "ckpt.pt"]:
         (repo / junk).parent.mkdir(parents=True, exist_ok=True)
@@ -231,15 +232,18 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     printed = printing(monkeypatch, mutate)
     out = main("--jobs", "2", "--timeout", "60", "--functions", "double", "clip", "--out", str(report))
     assert sum(a[0].startswith("[") and kw == {"flush": True} for a, kw in printed) == 5
+    assert [kw for a, kw in printed if a[0].startswith("the tests of 1 file(s) pass on the unchanged code (")] == \
+        [{"flush": True}]
     found = list(mutate.mutants("m.py", ["double", "clip"]))
     labels = [mutate.label("m.py", *m[:4]) for m in found]
     assert len(labels) == 5 and "m.py:10 clip: 0 -> 1" in labels
-    assert len(copies) == 5 and os.listdir(scratch) == []
+    assert len(copies) == 6 and os.listdir(scratch) == []
+    assert copies[0][2] == TINY["m.py"]  # first m.py's tests on the unchanged code, in the first copy
     assert all(files == ["m.py", "n.py", "pytest.ini", "tests"] for _, files, _ in copies)
     assert all(os.path.basename(c).startswith("mutate-") for c, _, _ in copies)
     sources = [m[4] for m in found]
-    copy = dict((sources.index(source), c) for c, _, source in copies)
-    assert copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
+    copy = dict((sources.index(source), c) for c, _, source in copies[1:])
+    assert copies[0][0] == copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
     assert report.read_text().startswith('{\n "summary": {\n  "m.py": {\n   "mutants": 5,')  # one per line
     data = json.loads(report.read_text())
     assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}  # n.py ran none
@@ -250,7 +254,7 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "m.py: 4/5 killed (80%)" in out and "all: 4/5 killed (80.0% +- 17.9%)" in out
     assert out.count("killed   m.py") == 4 and out.count("SURVIVED m.py:10 clip: 0 -> 1") == 1
     seconds = [int(t) for t in re.findall(r"^\[\d/5 (\d+)s\] ", out, re.M) + re.findall(r" in (\d+)s$", out, re.M)]
-    assert len(seconds) == 6 and max(seconds) < 300  # since the first mutant started
+    assert len(seconds) == 6 and max(seconds) < 300  # since the first test run (the unchanged code's)
 
     again = tmp_path / "again.json"
     out = main("--jobs", "1", "--rerun", str(report), "--out", str(again))
@@ -258,7 +262,7 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "[1/1 " in out and "all: 0/1 killed (0.0% +- 0.0%)" in out
 
     def interrupted(copy, path, source, tests, timeout):
-        if len(copies) == 7:
+        if len(copies) == 10:  # the unchanged code's tests and the first mutant have run
             raise KeyboardInterrupt
         return run(copy, path, source, tests, timeout)
     monkeypatch.setattr(mutate, "run", interrupted)
@@ -267,6 +271,25 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 1, "killed": 1}}
     out = main("--change", "no such change", "--out", str(again))
     assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(again.read_text()) == {"summary": {}, "mutants": []}
+
+
+def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monkeypatch):
+    """A test that fails without any mutant (broken, or flaky: a failure at random) would count every mutant killed:
+    the tool stops after that one run, naming the file, and removes its scratch copies without writing a report."""
+    repo = tiny_repo(tmp_path / "repo")
+    (repo / "m.py").write_text(TINY["m.py"].replace("return 2 * x", "return 3 * x"))  # test_m.py's double fails
+    scratch, report = tmp_path / "scratch", tmp_path / "report.json"
+    scratch.mkdir()
+    monkeypatch.setattr(mutate, "ROOT", str(repo))
+    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"])})
+    monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
+    ran, real_run = [], mutate.run
+    monkeypatch.setattr(mutate, "run", lambda *a: ran.append(a) or real_run(*a))
+    with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests of m.py fail on the unchanged code \(broken or "
+                       r"flaky\): every mutant would count as killed; make them pass first$"):
+        mutate.main(mutate.parse_args(["--jobs", "2", "--timeout", "60", "--out", str(report)]))
+    assert len(ran) == 1 and ran[0][1:3] == ("m.py", (repo / "m.py").read_text())
+    assert os.listdir(scratch) == [] and not report.exists()
 
 
 def test_every_kind_of_change_is_made_once_where_it_applies_and_undone():

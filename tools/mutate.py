@@ -1,10 +1,11 @@
 """Mutation testing of the metric, loss and option code: does the test suite notice a one-line bug?
 
 Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator, a
-number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound dropped,
-None returned, two arguments swapped, a statement or a `break` removed), in a scratch copy of the repository, and
-runs that file's tests; a mutant is killed when they fail. A developer check, not part of the test suite (it takes
-from minutes to an hour, one pytest run per mutant):
+number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound dropped, None
+returned, two arguments swapped, a statement or a `break` removed), in a scratch copy of the repository, and runs that
+file's tests; a mutant is killed when they fail (each file's tests run first on the unchanged code, and the tool stops
+if they fail there: a broken or flaky test would count every mutant killed). A developer check, not part of the test
+suite (it takes from minutes to an hour, one pytest run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -376,6 +377,13 @@ def main(args):
                                                                                        "__pycache__", "*.pt"))
         copies.append(copy)
     t0, results = time.time(), []
+    # each file's tests on the unchanged code first: if they fail (a broken test, or a flaky one), every mutant of the
+    # file would count as killed
+    files = list(dict.fromkeys(path for path, *_ in todo))
+
+    def clean(i):
+        path = files[i]
+        return run(copies[i % args.jobs], path, open(os.path.join(ROOT, path)).read(), TARGETS[path][1], args.timeout)
 
     def work(i):
         path, name, line, what, k, source, tests = todo[i]
@@ -385,13 +393,24 @@ def main(args):
         return {"file": path, "function": name, "line": line, "mutation": what, "occurrence": k, "killed": killed}
 
     try:
-        with ThreadPoolExecutor(args.jobs) as pool:  # each worker owns one copy: mutant i runs in copy i mod jobs
-            for j in range(0, len(todo), args.jobs):
-                results += pool.map(work, range(j, min(j + args.jobs, len(todo))))
+        with ThreadPoolExecutor(args.jobs) as pool:
+            def in_copies(task, n):  # each worker owns one copy: task i runs in copy i mod jobs, never beside i + jobs
+                for j in range(0, n, args.jobs):
+                    yield from pool.map(task, range(j, min(j + args.jobs, n)))
+
+            failing = [path for path, failed in zip(files, in_copies(clean, len(files))) if failed]
+            if failing:
+                sys.exit(f"tools/mutate.py: the tests of {', '.join(failing)} fail on the unchanged code (broken or "
+                         "flaky): every mutant would count as killed; make them pass first")
+            if files:
+                print(f"the tests of {len(files)} file(s) pass on the unchanged code ({time.time() - t0:.0f}s)",
+                      flush=True)
+            results += in_copies(work, len(todo))
     except KeyboardInterrupt:  # Ctrl-C: report the mutants run so far
         print(f"\ninterrupted after {len(results)} of {len(todo)} mutants")
-    for copy in copies:
-        shutil.rmtree(copy, ignore_errors=True)
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
     print("\nsurvivors (the tests missed these):")
     for r in results:
         if not r["killed"]:
