@@ -269,8 +269,9 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     out = main("--jobs", "1", "--files", "m.py", "--out", str(again))
     assert "interrupted after 1 of 5 mutants" in out and os.listdir(scratch) == []
     assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 1, "killed": 1}}
-    out = main("--change", "no such change", "--out", str(again))
-    assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(again.read_text()) == {"summary": {}, "mutants": []}
+    none = tmp_path / "new" / "none.json"  # in a folder made for it (the default is out/mutate/report.json)
+    out = main("--change", "no such change", "--out", str(none))
+    assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(none.read_text()) == {"summary": {}, "mutants": []}
 
 
 def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monkeypatch):
