@@ -276,21 +276,25 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
 
 def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monkeypatch):
     """A test that fails without any mutant (broken, or flaky: a failure at random) would count every mutant killed:
-    the tool stops after that one run, naming the file, and removes its scratch copies without writing a report."""
+    the tool stops once each file's tests have run on the unchanged code (side by side, each in its own copy), naming
+    the file whose tests fail, and removes its scratch copies without writing a report."""
     repo = tiny_repo(tmp_path / "repo")
     (repo / "m.py").write_text(TINY["m.py"].replace("return 2 * x", "return 3 * x"))  # test_m.py's double fails
+    (repo / "n.py").write_text("def triple(x):\n    return 3 * x\n")
     scratch, report = tmp_path / "scratch", tmp_path / "report.json"
     scratch.mkdir()
     monkeypatch.setattr(mutate, "ROOT", str(repo))
-    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"])})
+    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"]),
+                                            "n.py": (["triple"], ["tests/test_slow.py"])})  # n.py's tests pass
     monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
     ran, real_run = [], mutate.run
     monkeypatch.setattr(mutate, "run", lambda *a: ran.append(a) or real_run(*a))
     with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests of m.py fail on the unchanged code \(broken or "
                        r"flaky\): every mutant would count as killed; make them pass first$"):
         mutate.main(mutate.parse_args(["--jobs", "2", "--timeout", "60", "--out", str(report)]))
-    assert len(ran) == 1 and ran[0][1:3] == ("m.py", (repo / "m.py").read_text())
-    assert os.listdir(scratch) == [] and not report.exists()
+    assert sorted(r[1:4] for r in ran) == [("m.py", (repo / "m.py").read_text(), ["tests/test_m.py"]),
+                                           ("n.py", (repo / "n.py").read_text(), ["tests/test_slow.py"])]
+    assert ran[0][0] != ran[1][0] and os.listdir(scratch) == [] and not report.exists()
 
 
 def test_every_kind_of_change_is_made_once_where_it_applies_and_undone():
