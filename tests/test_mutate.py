@@ -290,8 +290,8 @@ def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monk
     monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
     ran, real_run = [], mutate.run
     monkeypatch.setattr(mutate, "run", lambda *a: ran.append(a) or real_run(*a))
-    with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests of m.py fail on the unchanged code \(broken or "
-                       r"flaky\): every mutant would count as killed; make them pass first$"):
+    with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests of m.py fail on the unchanged code \(broken, "
+                       r"flaky, or past --timeout\): every mutant would count as killed; make them pass first$"):
         mutate.main(mutate.parse_args(["--jobs", "2", "--timeout", "60", "--out", str(report)]))
     assert sorted(r[1:4] for r in ran) == [("m.py", (repo / "m.py").read_text(), ["tests/test_m.py"]),
                                            ("n.py", (repo / "n.py").read_text(), ["tests/test_slow.py"])]

@@ -400,8 +400,8 @@ def main(args):
 
             failing = [path for path, failed in zip(files, in_copies(clean, len(files))) if failed]
             if failing:
-                sys.exit(f"tools/mutate.py: the tests of {', '.join(failing)} fail on the unchanged code (broken or "
-                         "flaky): every mutant would count as killed; make them pass first")
+                sys.exit(f"tools/mutate.py: the tests of {', '.join(failing)} fail on the unchanged code (broken, "
+                         "flaky, or past --timeout): every mutant would count as killed; make them pass first")
             if files:
                 print(f"the tests of {len(files)} file(s) pass on the unchanged code ({time.time() - t0:.0f}s)",
                       flush=True)
