@@ -11,7 +11,7 @@ one (to replacing one token by a uniformly random vocabulary token), and the mod
 
 The paper's sizes were lost; the ones below and in the flags are our choice (see the README).
 
-    python synthetic.py                          # both presets, 3 seeds each, one figure (80-185 s on one CPU thread)
+    python synthetic.py                          # both presets, 3 seeds each, one figure (56-185 s on one CPU thread)
     python synthetic.py --case sparse-lower --seeds 0
     python synthetic.py --fig12                  # 4 settings per case (Fig. 12 grid), 5-15 minutes
     python report.py out/synthetic/cases          # redraw the figure and the summary from metrics.json
