@@ -79,7 +79,7 @@ def test_a_figure_is_laid_out_written_as_a_png_at_110_dpi_and_closed(tmp_path):
     before = ax.get_position().bounds
     path = str(tmp_path / "fig.png")
     assert report.save_figure(fig, path) == path
-    assert ax.get_position().bounds != before and plt.fignum_exists(fig.number) is False
+    assert ax.get_position().bounds != before and not plt.fignum_exists(fig.number)
     with open(path, "rb") as fh:
         header = fh.read(24)
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
