@@ -111,15 +111,17 @@ def test_a_value_returned_becomes_none_but_a_bare_return_is_left():
 
 
 def test_neighbouring_arguments_are_swapped_unless_the_call_is_symmetric():
-    """f(a, b, c) gives two mutants, f(b, a, c) and f(a, c, b); max(a, b) and d.transpose(1, 2) none (their order
-    never matters), nor two equal arguments or a starred one, and each undo gives the function back."""
-    source = "def f(a, b, c, d):\n    return f(a, b, c) + max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)\n"
+    """f(a, b, c) gives two mutants, f(b, a, c) and f(a, c, b); max(a, b), torch.equal(a, b) and d.transpose(1, 2)
+    none (their order never matters), nor two equal arguments or a starred one, and each undo gives the function
+    back."""
+    source = ("def f(a, b, c, d):\n    return f(a, b, c) + max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2) + "
+              "torch.equal(a, b)\n")
     func = ast.parse(source).body[0]
     found = [apply for _, what, apply in mutate.mutations(func) if what.startswith("swap arguments")]
     assert len(found) == 2
     changed = each_applied(func, found)
     assert "f(b, a, c)" in changed[0] and "f(a, c, b)" in changed[1]
-    assert all("max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2)" in c for c in changed)
+    assert all("max(a, b) + f(a, a) + f(*a, b) + d.transpose(1, 2) + torch.equal(a, b)" in c for c in changed)
 
 
 def test_skip_leaves_out_every_mutant_the_reports_ran(tmp_path):
@@ -232,8 +234,8 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     printed = printing(monkeypatch, mutate)
     out = main("--jobs", "2", "--timeout", "60", "--functions", "double", "clip", "--out", str(report))
     assert sum(a[0].startswith("[") and kw == {"flush": True} for a, kw in printed) == 5
-    assert [kw for a, kw in printed if a[0].startswith("the tests of 1 file(s) pass on the unchanged code (")] == \
-        [{"flush": True}]
+    assert [kw for a, kw in printed if a[0].startswith("the tests of 1 file(s) pass on the unchanged code, each of "
+                                                       "their 1 test files run once (")] == [{"flush": True}]
     found = list(mutate.mutants("m.py", ["double", "clip"]))
     labels = [mutate.label("m.py", *m[:4]) for m in found]
     assert len(labels) == 5 and "m.py:10 clip: 0 -> 1" in labels
@@ -254,7 +256,8 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "m.py: 4/5 killed (80%)" in out and "all: 4/5 killed (80.0% +- 17.9%)" in out
     assert out.count("killed   m.py") == 4 and out.count("SURVIVED m.py:10 clip: 0 -> 1") == 1
     seconds = [int(t) for t in re.findall(r"^\[\d/5 (\d+)s\] ", out, re.M) + re.findall(r" in (\d+)s$", out, re.M)
-               + re.findall(r"^the tests of 1 file\(s\) pass on the unchanged code \((\d+)s\)$", out, re.M)]
+               + re.findall(r"^the tests of 1 file\(s\) pass on the unchanged code, each of their 1 test files run "
+                           r"once \((\d+)s\)$", out, re.M)]
     assert len(seconds) == 7 and max(seconds) < 300  # since the first test run (the unchanged code's)
 
     again = tmp_path / "again.json"
@@ -277,24 +280,30 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
 
 def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monkeypatch):
     """A test that fails without any mutant (broken, or flaky: a failure at random) would count every mutant killed:
-    the tool stops once each file's tests have run on the unchanged code (side by side, each in its own copy), naming
-    the file whose tests fail, and removes its scratch copies without writing a report."""
+    the tool stops once the tests have run on the unchanged code, each test file once (side by side, each in its own
+    copy; a file's tests named apart in one run), naming the test file that fails and every file whose mutants it
+    runs, and removes its scratch copies without writing a report."""
     repo = tiny_repo(tmp_path / "repo")
     (repo / "m.py").write_text(TINY["m.py"].replace("return 2 * x", "return 3 * x"))  # test_m.py's double fails
     (repo / "n.py").write_text("def triple(x):\n    return 3 * x\n")
+    (repo / "o.py").write_text("def quadruple(x):\n    return 4 * x\n")
     scratch, report = tmp_path / "scratch", tmp_path / "report.json"
     scratch.mkdir()
     monkeypatch.setattr(mutate, "ROOT", str(repo))
-    monkeypatch.setattr(mutate, "TARGETS", {"m.py": (["double", "clip"], ["tests/test_m.py"]),
-                                            "n.py": (["triple"], ["tests/test_slow.py"])})  # n.py's tests pass
+    monkeypatch.setattr(mutate, "TARGETS", {  # test_slow.py passes; o.py's test of it runs with the whole file
+        "m.py": (["double", "clip"], ["tests/test_m.py::test_double"]),
+        "n.py": (["triple"], ["tests/test_slow.py", "tests/test_m.py::test_half"]),
+        "o.py": (["quadruple"], ["tests/test_slow.py::test_nothing_quick"])})
     monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
     ran, real_run = [], mutate.run
     monkeypatch.setattr(mutate, "run", lambda *a: ran.append(a) or real_run(*a))
-    with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests of m.py fail on the unchanged code \(broken, "
-                       r"flaky, or past --timeout\): every mutant would count as killed; make them pass first$"):
+    with pytest.raises(SystemExit, match=r"^tools/mutate.py: the tests in tests/test_m.py fail on the unchanged code "
+                       r"\(broken, flaky, or past --timeout\): every mutant of m.py, n.py would count as killed; make "
+                       r"them pass first$"):
         mutate.main(mutate.parse_args(["--jobs", "2", "--timeout", "60", "--out", str(report)]))
-    assert sorted(r[1:4] for r in ran) == [("m.py", (repo / "m.py").read_text(), ["tests/test_m.py"]),
-                                           ("n.py", (repo / "n.py").read_text(), ["tests/test_slow.py"])]
+    assert sorted(r[1:4] for r in ran) == [
+        ("m.py", (repo / "m.py").read_text(), ["tests/test_m.py::test_double", "tests/test_m.py::test_half"]),
+        ("n.py", (repo / "n.py").read_text(), ["tests/test_slow.py"])]
     assert ran[0][0] != ran[1][0] and os.listdir(scratch) == [] and not report.exists()
 
 

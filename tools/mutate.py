@@ -3,9 +3,9 @@
 Each mutant changes one thing inside one of the functions listed in TARGETS (an arithmetic or comparison operator, a
 number, a reduction such as mean <-> sum, a keyword argument dropped, a condition negated, a slice's bound dropped, None
 returned, two arguments swapped, a statement or a `break` removed), in a scratch copy of the repository, and runs that
-file's tests; a mutant is killed when they fail (each file's tests run first on the unchanged code, and the tool stops
-if they fail there: a broken or flaky test would count every mutant killed). A developer check, not part of the test
-suite (it takes from minutes to an hour, one pytest run per mutant):
+file's tests; a mutant is killed when they fail (the tests run first on the unchanged code, each test file once, and
+the tool stops if one fails there: a broken or flaky test would count every mutant killed). A developer check, not part
+of the test suite (it takes from minutes to an hour, one pytest run per mutant):
 
     python tools/mutate.py                        # every target, one process per core
     python tools/mutate.py --files robustness.py --jobs 1
@@ -177,7 +177,7 @@ METHODS = {"mean": "sum", "sum": "mean", "max": "min", "min": "max", "argmax": "
            "amin": "amax", "std": "var", "sqrt": "abs", "softmax": "log_softmax", "relu": "abs"}
 
 # calls, by their last name, in which the order of two arguments does not matter (max(a, b); transpose(1, 2))
-SYMMETRIC = {"max", "min", "maximum", "minimum", "hypot", "transpose", "swapaxes"}
+SYMMETRIC = {"max", "min", "maximum", "minimum", "hypot", "equal", "transpose", "swapaxes"}
 
 
 def setting(node, field, new):
@@ -377,13 +377,20 @@ def main(args):
                                                                                        "__pycache__", "*.pt"))
         copies.append(copy)
     t0, results = time.time(), []
-    # each file's tests on the unchanged code first: if they fail (a broken test, or a flaky one), every mutant of the
-    # file would count as killed
+    # the tests on the unchanged code first, each test file once: if one fails (a broken test, or a flaky one), every
+    # mutant of the files it guards would count as killed
     files = list(dict.fromkeys(path for path, *_ in todo))
+    listed = {}  # per test file, what the files' lists name of it: the file, or tests of it
+    for name in dict.fromkeys(name for path in files for name in TARGETS[path][1]):
+        listed.setdefault(name.split("::")[0], []).append(name)
+    test_files = list(listed)
+    guarded = {test_file: [path for path in files if any(name.split("::")[0] == test_file
+                                                         for name in TARGETS[path][1])] for test_file in test_files}
 
     def clean(i):
-        path = files[i]
-        return run(copies[i % args.jobs], path, open(os.path.join(ROOT, path)).read(), TARGETS[path][1], args.timeout)
+        test_file = test_files[i]
+        path, tests = guarded[test_file][0], [test_file] if test_file in listed[test_file] else listed[test_file]
+        return run(copies[i % args.jobs], path, open(os.path.join(ROOT, path)).read(), tests, args.timeout)
 
     def work(i):
         path, name, line, what, k, source, tests = todo[i]
@@ -398,13 +405,15 @@ def main(args):
                 for j in range(0, n, args.jobs):
                     yield from pool.map(task, range(j, min(j + args.jobs, n)))
 
-            failing = [path for path, failed in zip(files, in_copies(clean, len(files))) if failed]
+            failing = [f for f, failed in zip(test_files, in_copies(clean, len(test_files))) if failed]
             if failing:
-                sys.exit(f"tools/mutate.py: the tests of {', '.join(failing)} fail on the unchanged code (broken, "
-                         "flaky, or past --timeout): every mutant would count as killed; make them pass first")
+                sys.exit(f"tools/mutate.py: the tests in {', '.join(failing)} fail on the unchanged code (broken, "
+                         "flaky, or past --timeout): every mutant of "
+                         f"{', '.join(dict.fromkeys(p for f in failing for p in guarded[f]))} would count as killed; "
+                         "make them pass first")
             if files:
-                print(f"the tests of {len(files)} file(s) pass on the unchanged code ({time.time() - t0:.0f}s)",
-                      flush=True)
+                print(f"the tests of {len(files)} file(s) pass on the unchanged code, each of their {len(test_files)} "
+                      f"test files run once ({time.time() - t0:.0f}s)", flush=True)
             results += in_copies(work, len(todo))
     except KeyboardInterrupt:  # Ctrl-C: report the mutants run so far
         print(f"\ninterrupted after {len(results)} of {len(todo)} mutants")
