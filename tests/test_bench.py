@@ -131,24 +131,27 @@ def test_the_estimator_figures_are_the_ratios_of_its_rounds(monkeypatch):
 
 def test_the_training_figures_compare_one_epoch_of_each_pipeline(monkeypatch):
     """train_speedup = the usual pipeline's time / ours, the median over rounds; both train the same model on every
-    image once, in training mode, with optimiser steps."""
-    model, seen = LastTokenThreshold(), {}
+    image once in batches of 100, in training mode, with optimiser steps on gradients of their own batch (none left
+    from the step before)."""
+    model, seen, fresh = LastTokenThreshold(), {}, []
+    model.w.register_hook(lambda grad: fresh.append(model.w.grad is None))  # before the gradient is accumulated
     x, y = torch.randint(0, 256, (250, 1, 4, 4), dtype=torch.uint8), torch.randint(0, 2, (250,))
 
     def rounds(fns, device, n):
         for name, fn in zip(["ours", "usual"], fns):
             model.rows.clear()
             model.modes.clear()
+            fresh.clear()
             model.eval()
             before = model.w.item()
             fn()
-            seen[name] = (sum(model.rows), max(model.rows), set(model.modes), model.w.item() != before)
+            seen[name] = (sum(model.rows), max(model.rows), set(model.modes), model.w.item() != before, set(fresh))
         return [[2.0, 6.0], [4.0, 8.0], [2.0, 10.0]]
 
     monkeypatch.setattr(bench, "timed_rounds", rounds)
     out = bench.bench_training("m", model, x, y, 3, torch.device("cpu"))
     assert out == {"train_speedup_m": 3.0, "train_images_per_s_m": 125.0}
-    assert seen == {"ours": (250, 100, {True}, True), "usual": (250, 100, {True}, True)}  # batches of 100 in both
+    assert seen == {"ours": (250, 100, {True}, True, {True}), "usual": (250, 100, {True}, True, {True})}
 
 
 def test_a_run_stopped_before_its_results_gives_its_file_name_back(tmp_path, monkeypatch):

@@ -163,7 +163,8 @@ def test_strict_json_and_no_replace(tmp_path):
 
 def test_the_temp_file_is_written_beside_the_file_it_replaces(tmp_path, monkeypatch):
     """write_json renames a temp file in the target's own folder: a rename within one file system, never one from
-    /tmp, which fails (EXDEV) where out/ is on another disk. A write that fails halfway leaves the old file whole."""
+    /tmp, which fails (EXDEV) where out/ is on another disk, under a hidden name (what a kill -9 mid-write leaves is
+    not listed beside the run's files). A write that fails halfway leaves the old file whole."""
     renamed = []
     real = os.replace
     monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append((src, dst)) or real(src, dst))
@@ -171,6 +172,7 @@ def test_the_temp_file_is_written_beside_the_file_it_replaces(tmp_path, monkeypa
     write_json(str(path), {"x": 1})
     (src, dst), = renamed
     assert os.path.dirname(src) == str(tmp_path / "run") and dst == str(path)
+    assert os.path.basename(src).startswith(".tmp-") and src.endswith(".json")
     with pytest.raises(TypeError):
         write_json(str(path), {"x": object()})  # not JSON: fails while writing the temp file
     assert json.loads(path.read_text()) == {"x": 1} and os.listdir(tmp_path / "run") == ["metrics.json"]
