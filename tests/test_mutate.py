@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -204,10 +205,10 @@ def test_run_kills_a_mutant_its_quick_or_slow_tests_fail_or_that_hangs(tmp_path,
 
 
 def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, monkeypatch, capsys):
-    """Every mutant of the targets, two at a time, each in one of two scratch copies (without .git, out/ or
-    checkpoints, removed at the end), after the file's tests have passed on the unchanged code: the report counts the
-    killed per file, lists the survivor (clip's 0 -> 1), and --rerun of that report runs it alone; a Ctrl-C still
-    writes the report of the mutants run so far."""
+    """Every mutant of the targets, two at a time, each in a scratch copy that no other run is using (two, without .git,
+    out/ or checkpoints, removed at the end), after the file's tests have passed on the unchanged code: the report
+    counts the killed per file, lists the survivor (clip's 0 -> 1), and --rerun of that report runs it alone; after a
+    Ctrl-C the run under way ends, no other starts, and the report holds every mutant run."""
     repo = tiny_repo(tmp_path / "repo")
     for junk in [".git/HEAD", "out/x.json", "ckpt.pt"]:
         (repo / junk).parent.mkdir(parents=True, exist_ok=True)
@@ -219,11 +220,16 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
                                             "n.py": (["triple"], ["tests/test_m.py"])})
     (repo / "n.py").write_text("def triple(x):\n    return 3 * x\n")
     monkeypatch.setattr(mutate.tempfile, "tempdir", str(scratch))
-    copies, real_run = [], mutate.run
+    copies, busy, real_run = [], set(), mutate.run
 
     def run(copy, path, source, tests, timeout):
+        assert copy not in busy  # one test run at a time in a copy (raised in the tool's thread, then in main)
+        busy.add(copy)
         copies.append((copy, sorted(os.listdir(copy)), source))
-        return real_run(copy, path, source, tests, timeout)
+        try:
+            return real_run(copy, path, source, tests, timeout)
+        finally:
+            busy.discard(copy)
     monkeypatch.setattr(mutate, "run", run)
 
     def main(*args):
@@ -243,9 +249,8 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert copies[0][2] == TINY["m.py"]  # first m.py's tests on the unchanged code, in the first copy
     assert all(files == ["m.py", "n.py", "pytest.ini", "tests"] for _, files, _ in copies)
     assert all(os.path.basename(c).startswith("mutate-") for c, _, _ in copies)
-    sources = [m[4] for m in found]
-    copy = dict((sources.index(source), c) for c, _, source in copies[1:])
-    assert copies[0][0] == copy[0] == copy[2] == copy[4] != copy[1] == copy[3]  # mutant i in copy i mod 2
+    assert sorted(source for _, _, source in copies[1:]) == sorted(m[4] for m in found)  # each mutant once
+    assert len({c for c, _, _ in copies}) == 2  # side by side, each in a copy of its own (run's assert)
     assert report.read_text().startswith('{\n "summary": {\n  "m.py": {\n   "mutants": 5,')  # one per line
     data = json.loads(report.read_text())
     assert data["summary"] == {"m.py": {"mutants": 5, "killed": 4}}  # n.py ran none
@@ -266,13 +271,14 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "[1/1 " in out and "all: 0/1 killed (0.0% +- 0.0%)" in out
 
     def interrupted(copy, path, source, tests, timeout):
-        if len(copies) == 10:  # the unchanged code's tests and the first mutant have run
-            raise KeyboardInterrupt
+        if len(copies) == 10:  # the unchanged code's tests and the first mutant have run: Ctrl-C during the second
+            os.kill(os.getpid(), signal.SIGINT)  # (a KeyboardInterrupt in the main thread, as a Ctrl-C raises it)
         return run(copy, path, source, tests, timeout)
     monkeypatch.setattr(mutate, "run", interrupted)
     out = main("--jobs", "1", "--files", "m.py", "--out", str(again))
-    assert "interrupted after 1 of 5 mutants" in out and os.listdir(scratch) == []
-    assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 1, "killed": 1}}
+    assert "interrupted after 2 of 5 mutants" in out and os.listdir(scratch) == []
+    assert len(copies) == 11  # the run under way ended, and is in the report; no other started
+    assert json.loads(again.read_text())["summary"] == {"m.py": {"mutants": 2, "killed": 2}}
     none = tmp_path / "new" / "none.json"  # in a folder made for it (the default is out/mutate/report.json)
     out = main("--change", "no such change", "--out", str(none))
     assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(none.read_text()) == {"summary": {}, "mutants": []}

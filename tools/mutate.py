@@ -24,6 +24,7 @@ import argparse
 import ast
 import json
 import os
+import queue
 import random
 import shutil
 import signal
@@ -370,56 +371,63 @@ def main(args):
             print(label(path, name, line, what, k))
         print(f"{len(todo)} mutants")
         return
-    copies = []
+    copies, free = [], queue.Queue()  # free: the copies no test run is using
     for _ in range(args.jobs):  # one scratch copy of the repository per worker
         copy = tempfile.mkdtemp(prefix="mutate-")
         shutil.copytree(ROOT, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", "out", ".venv",
                                                                                        "__pycache__", "*.pt"))
         copies.append(copy)
-    t0, results = time.time(), []
+        free.put(copy)
+
+    def in_a_copy(path, source, tests):  # each run takes a copy that no other run is using, and gives it back
+        copy = free.get()
+        try:
+            return run(copy, path, source, tests, args.timeout)
+        finally:
+            free.put(copy)
+
+    t0, done = time.time(), {}  # done: each mutant's result by its index, as its run ends
     # the tests on the unchanged code first, each test file once: if one fails (a broken test, or a flaky one), every
     # mutant of the files it guards would count as killed
     files = list(dict.fromkeys(path for path, *_ in todo))
     listed = {}  # per test file, what the files' lists name of it: the file, or tests of it
     for name in dict.fromkeys(name for path in files for name in TARGETS[path][1]):
         listed.setdefault(name.split("::")[0], []).append(name)
-    test_files = list(listed)
     guarded = {test_file: [path for path in files if any(name.split("::")[0] == test_file
-                                                         for name in TARGETS[path][1])] for test_file in test_files}
+                                                         for name in TARGETS[path][1])] for test_file in listed}
 
-    def clean(i):
-        test_file = test_files[i]
+    def clean(test_file):
         path, tests = guarded[test_file][0], [test_file] if test_file in listed[test_file] else listed[test_file]
-        return run(copies[i % args.jobs], path, open(os.path.join(ROOT, path)).read(), tests, args.timeout)
+        return in_a_copy(path, open(os.path.join(ROOT, path)).read(), tests)
 
     def work(i):
         path, name, line, what, k, source, tests = todo[i]
-        killed = run(copies[i % args.jobs], path, source, tests, args.timeout)
+        killed = in_a_copy(path, source, tests)
         print(f"[{i + 1}/{len(todo)} {time.time() - t0:.0f}s] {'killed  ' if killed else 'SURVIVED'} "
               f"{label(path, name, line, what, k)}", flush=True)
-        return {"file": path, "function": name, "line": line, "mutation": what, "occurrence": k, "killed": killed}
+        done[i] = {"file": path, "function": name, "line": line, "mutation": what, "occurrence": k, "killed": killed}
 
+    pool = ThreadPoolExecutor(args.jobs)
     try:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            def in_copies(task, n):  # each worker owns one copy: task i runs in copy i mod jobs, never beside i + jobs
-                for j in range(0, n, args.jobs):
-                    yield from pool.map(task, range(j, min(j + args.jobs, n)))
-
-            failing = [f for f, failed in zip(test_files, in_copies(clean, len(test_files))) if failed]
-            if failing:
-                sys.exit(f"tools/mutate.py: the tests in {', '.join(failing)} fail on the unchanged code (broken, "
-                         "flaky, or past --timeout): every mutant of "
-                         f"{', '.join(dict.fromkeys(p for f in failing for p in guarded[f]))} would count as killed; "
-                         "make them pass first")
-            if files:
-                print(f"the tests of {len(files)} file(s) pass on the unchanged code, each of their {len(test_files)} "
-                      f"test files run once ({time.time() - t0:.0f}s)", flush=True)
-            results += in_copies(work, len(todo))
-    except KeyboardInterrupt:  # Ctrl-C: report the mutants run so far
-        print(f"\ninterrupted after {len(results)} of {len(todo)} mutants")
+        failing = [f for f, failed in zip(listed, pool.map(clean, listed)) if failed]
+        if failing:
+            their = dict.fromkeys(path for f in failing for path in guarded[f])
+            sys.exit(f"tools/mutate.py: the tests in {', '.join(failing)} fail on the unchanged code (broken, flaky, "
+                     f"or past --timeout): every mutant of {', '.join(their)} would count as killed; make them pass "
+                     "first")
+        if files:
+            print(f"the tests of {len(files)} file(s) pass on the unchanged code, each of their {len(listed)} test "
+                  f"files run once ({time.time() - t0:.0f}s)", flush=True)
+        list(pool.map(work, range(len(todo))))  # (raising what a run raised)
+    except KeyboardInterrupt:  # Ctrl-C: the report holds every mutant whose run ended
+        pass
     finally:
+        pool.shutdown(cancel_futures=True)  # the runs under way end; those not started never start
         for copy in copies:
             shutil.rmtree(copy, ignore_errors=True)
+    results = [done[i] for i in sorted(done)]
+    if len(results) < len(todo):
+        print(f"\ninterrupted after {len(results)} of {len(todo)} mutants")
     print("\nsurvivors (the tests missed these):")
     for r in results:
         if not r["killed"]:
