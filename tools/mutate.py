@@ -390,14 +390,18 @@ def main(args):
     # the tests on the unchanged code first, each test file once: if one fails (a broken test, or a flaky one), every
     # mutant of the files it guards would count as killed
     files = list(dict.fromkeys(path for path, *_ in todo))
-    listed = {}  # per test file, what the files' lists name of it: the file, or tests of it
-    for name in dict.fromkeys(name for path in files for name in TARGETS[path][1]):
-        listed.setdefault(name.split("::")[0], []).append(name)
-    guarded = {test_file: [path for path in files if any(name.split("::")[0] == test_file
-                                                         for name in TARGETS[path][1])] for test_file in listed}
+    # per test file (dicts as ordered sets): what the files' lists name of it (the file, or tests of it), and the files
+    # whose mutants it runs
+    listed, guarded = {}, {}
+    for path in files:
+        for name in TARGETS[path][1]:
+            test_file = name.split("::")[0]
+            listed.setdefault(test_file, {})[name] = None
+            guarded.setdefault(test_file, {})[path] = None
 
-    def clean(test_file):
-        path, tests = guarded[test_file][0], [test_file] if test_file in listed[test_file] else listed[test_file]
+    def clean(test_file):  # beside the first file it guards, unchanged
+        path = next(iter(guarded[test_file]))
+        tests = [test_file] if test_file in listed[test_file] else list(listed[test_file])
         return in_a_copy(path, open(os.path.join(ROOT, path)).read(), tests)
 
     def work(i):
