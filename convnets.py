@@ -79,7 +79,7 @@ class DenseNet121(nn.Module):
 class ConvMixer(nn.Module):
     """ConvMixer (Trockman & Kolter 2022): patch embedding, then depthwise (spatial) + pointwise (channel) convs."""
 
-    def __init__(self, *, channels, classes, dim, depth, kernel=3, patch=4):
+    def __init__(self, *, channels, classes, dim, depth, patch, kernel=3):
         super().__init__()
         self.embed = nn.Sequential(nn.Conv2d(channels, dim, patch, stride=patch), nn.GELU(), nn.BatchNorm2d(dim))
         self.spatial = nn.ModuleList([nn.Sequential(nn.Conv2d(dim, dim, kernel, groups=dim, padding="same"),
