@@ -53,6 +53,16 @@ def test_corruptions_keep_shape_dtype_range(name, shape, frost_dir):
         assert name == "saturate" and shape[0] == 1 or not torch.equal(y, x)  # grey saturate: the identity
 
 
+def test_corruptions_keep_the_shape_of_images_that_are_not_square(frost_dir):
+    """Every corruption on images of 32 rows and 24 columns (the estimator measures a model of any image size): the
+    same shape out, uint8, changed. A blur that read the rows for the columns (motion's kernel taps) would transpose
+    them."""
+    x = smooth_images(4, 3, 32)[..., :24].contiguous()
+    for name in C.SEVERITY:
+        y = C.corrupt(x, name, 3, torch.Generator().manual_seed(0), frost_dir)
+        assert y.shape == x.shape and y.dtype == torch.uint8 and not torch.equal(y, x), name
+
+
 RANDOM = ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "motion_blur", "fog", "elastic_transform",
           "glass_blur", "snow", "spatter", "frost"]  # the corruptions that draw; the other eight are functions
 
