@@ -55,8 +55,8 @@ def test_corruptions_keep_shape_dtype_range(name, shape, frost_dir):
 
 def test_corruptions_keep_the_shape_of_images_that_are_not_square(frost_dir):
     """Every corruption on images of 32 rows and 24 columns (the estimator measures a model of any image size): the
-    same shape out, uint8, changed. A blur that read the rows for the columns (motion's kernel taps) would transpose
-    them."""
+    same shape out, uint8, changed (motion blur's output laid out as W x H, which a square image cannot show, would
+    not be)."""
     x = smooth_images(4, 3, 32)[..., :24].contiguous()
     for name in C.SEVERITY:
         y = C.corrupt(x, name, 3, torch.Generator().manual_seed(0), frost_dir)
