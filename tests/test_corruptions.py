@@ -53,14 +53,26 @@ def test_corruptions_keep_shape_dtype_range(name, shape, frost_dir):
         assert name == "saturate" and shape[0] == 1 or not torch.equal(y, x)  # grey saturate: the identity
 
 
-def test_corruptions_keep_the_shape_of_images_that_are_not_square(frost_dir):
-    """Every corruption on images of 32 rows and 24 columns (the estimator measures a model of any image size): the
-    same shape out, uint8, changed (motion blur's output laid out as W x H, which a square image cannot show, would
-    not be)."""
+def test_corruptions_keep_rows_and_columns_apart_on_images_that_are_not_square(frost_dir):
+    """Images of 32 rows and 24 columns (a model of any image size may be measured), where rows and columns taken for
+    each other show, as on square images they cannot: every corruption keeps their shape (motion blur's output laid
+    out as W x H would not), uint8, and changes them; the spatial ones that draw nothing treat rows and columns
+    alike."""
     x = smooth_images(4, 3, 32)[..., :24].contiguous()
     for name in C.SEVERITY:
         y = C.corrupt(x, name, 3, torch.Generator().manual_seed(0), frost_dir)
         assert y.shape == x.shape and y.dtype == torch.uint8 and not torch.equal(y, x), name
+    # the four spatial ones that draw nothing treat rows and columns alike: the corruption of the transposed images
+    # is the transpose of the corruption (within one grey level: the filters' order of rounding)
+    for name in ["defocus_blur", "gaussian_blur", "zoom_blur", "pixelate"]:
+        for severity in (1, 5):
+            y = C.corrupt(x, name, severity, torch.Generator())
+            t = C.corrupt(x.transpose(2, 3).contiguous(), name, severity, torch.Generator()).transpose(2, 3)
+            assert (y.int() - t.int()).abs().max() <= 1, (name, severity)
+    # and pixelate by 0.5 is the mean of each 2 x 2 block, rows and columns halved alike (PIL's sizes are W x H)
+    y = C.pixelate(x.float() / 255, 0.5, None)
+    blocks = F.interpolate(F.avg_pool2d(x.float() / 255, 2), scale_factor=2, mode="nearest")
+    assert (y - blocks).abs().max() <= 1 / 255 + 1e-6
 
 
 RANDOM = ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "motion_blur", "fog", "elastic_transform",
