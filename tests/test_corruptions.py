@@ -56,8 +56,8 @@ def test_corruptions_keep_shape_dtype_range(name, shape, frost_dir):
 def test_corruptions_keep_rows_and_columns_apart_on_images_that_are_not_square(frost_dir):
     """Images of 32 rows and 24 columns (a model of any image size may be measured), where rows and columns taken for
     each other show, as on square images they cannot: every corruption keeps their shape (motion blur's output laid
-    out as W x H would not), uint8, and changes them; the spatial ones that draw nothing treat rows and columns
-    alike."""
+    out as W x H would not), uint8, and changes them; the spatial ones that draw nothing, and motion blur at a given
+    angle, treat rows and columns alike."""
     x = smooth_images(4, 3, 32)[..., :24].contiguous()
     for name in C.SEVERITY:
         y = C.corrupt(x, name, 3, torch.Generator().manual_seed(0), frost_dir)
@@ -69,9 +69,15 @@ def test_corruptions_keep_rows_and_columns_apart_on_images_that_are_not_square(f
             y = C.corrupt(x, name, severity, torch.Generator())
             t = C.corrupt(x.transpose(2, 3).contiguous(), name, severity, torch.Generator()).transpose(2, 3)
             assert (y.int() - t.int()).abs().max() <= 1, (name, severity)
+    # motion blur along the rows (0 degrees) is the transpose of the same blur of the transposed images down their
+    # columns (90 degrees)
+    f = x.float() / 255
+    along = C.motion(f, 6, 2, torch.zeros(len(x)))
+    down = C.motion(f.transpose(2, 3).contiguous(), 6, 2, torch.full((len(x),), 90.0)).transpose(2, 3)
+    assert torch.equal(along, down) and not torch.equal(along, f)
     # and pixelate by 0.5 is the mean of each 2 x 2 block, rows and columns halved alike (PIL's sizes are W x H)
-    y = C.pixelate(x.float() / 255, 0.5, None)
-    blocks = F.interpolate(F.avg_pool2d(x.float() / 255, 2), scale_factor=2, mode="nearest")
+    y = C.pixelate(f, 0.5, None)
+    blocks = F.interpolate(F.avg_pool2d(f, 2), scale_factor=2, mode="nearest")
     assert (y - blocks).abs().max() <= 1 / 255 + 1e-6
 
 
