@@ -620,9 +620,9 @@ def test_by_length_groups_similar_lengths_and_keeps_row_order():
 @pytest.mark.parametrize("name,attn,fused", [("lstm", "softmax", False), ("lstm", "softmax", True),
                                              ("gpt2", "softmax", False), ("gpt2", "relu", False)])
 def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
-    """Resuming from the clean cache at any start (the first token, the middle, the last real one) gives the logits
-    of the full forward pass on the perturbed inputs, and prefix_cache's own logits are the clean ones. GPT-2's last
-    block computes the last real token alone (the one the head reads)."""
+    """Resuming from the clean cache at any start (the first token, the second, the middle, the last real one) gives the
+    logits of the full forward pass on the perturbed inputs, and prefix_cache's own logits are the clean ones. GPT-2's
+    last block computes the last real token alone (the one the head reads)."""
     args = language.parse_args(["--dim", "16", "--heads", "2", "--depth", "2", "--max-len", "12"] + ["--fused"] * fused)
     torch.manual_seed(0)
     model = language.build_model(name, attn, 30, args).eval()
@@ -633,8 +633,8 @@ def test_forward_from_gives_the_full_forward_logits(name, attn, fused):
         e = model.embed_normed(tokens)
         cache, clean = model.prefix_cache(e, mask)
         assert torch.allclose(clean, model.forward_normed(e, mask), atol=1e-5)
-        idx = torch.tensor([0, 0, 0, 1, 1, 2, 3])
-        start = torch.tensor([0, 5, 11, 0, 6, 2, 0])
+        idx = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3])
+        start = torch.tensor([0, 5, 11, 0, 6, 2, 1, 0])
         x = e[idx].clone()
         x[torch.arange(len(idx)), start] += 3 * torch.randn(len(idx), 16, generator=torch.Generator().manual_seed(1))
         full = model.forward_normed(x, mask[idx])
