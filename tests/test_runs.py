@@ -159,6 +159,8 @@ def test_strict_json_and_no_replace(tmp_path):
     assert json.loads(path.read_text())["b"] == [1.5, None] and os.listdir(tmp_path) == ["m.json"]
     write_json(str(tmp_path / "new.json"), {"x": 1}, replace=False)  # a new file: written, no temp file left
     assert sorted(os.listdir(tmp_path)) == ["m.json", "new.json"] and json.loads((tmp_path / "new.json").read_text())
+    assert path.read_text().startswith('{\n "a": null,\n "b": [\n  1.5,')  # a value per line, a space per level:
+    # two runs' metrics.json compare line by line with diff
 
 
 def test_the_temp_file_is_written_beside_the_file_it_replaces(tmp_path, monkeypatch):
