@@ -1,8 +1,9 @@
-"""reproduce.sh: every claims-table row at the smoke scale (fake data, seconds per run), with its merges and the
-claims report.py prints from them; --list and --only; --dry-run's commands at the cpu and gpu scales, which every
-script accepts; a row whose data is missing is skipped with one line, and `sh reproduce.sh` stops with one (it needs
-bash); and a rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
+"""reproduce.sh: every claims-table row at the smoke scale (fake data, seconds per run), with its merges and the claims
+report.py prints from them; --list and --only; --dry-run's commands at the cpu and gpu scales, which every script
+accepts and which are the stored ones; a row whose data is missing is skipped with one line, and `sh reproduce.sh` stops
+with one (it needs bash); and a rerun after Ctrl-C, SIGTERM or kill -9 ends with the numbers of an uninterrupted run."""
 
+import difflib
 import importlib
 import json
 import os
@@ -329,7 +330,7 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     is the same command in both, each merge merges runs printed before it and varies only flags those runs have, and
     the gpu scale trains the authors' ViT and the converged and mechanism rows' models on all of Fashion-MNIST, MNIST 0
     vs 1 on every 0 and 1, and Fig. 9's six models on CIFAR-10 against the CIFAR-10-C release, and reads ImageNet's
-    training images."""
+    training images. The commands are the stored ones, tests/commands_cpu.txt and commands_gpu.txt."""
     data = tmp_path / "data"
     for folder in ["FashionMNIST", "MNIST", "cifar-10-batches-py", "imagenet/train/n01440764", "glue/MRPC",
                    "glue/QQP", "frost"]:
@@ -362,6 +363,18 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
             vary = argv[argv.index("--vary") + 1:argv.index("--out-dir")] if "--vary" in argv else []
             assert all(hasattr(parsed[f], v.replace("-", "_")) for v in vary for f in folders), (name, vary)
     assert len(runs) > 60 and sum(kind == "merge" for kind, _, _ in steps) > 15
+    # the protocol itself, flag by flag: the smoke scale replaces most of these flags, so nothing else would notice a
+    # changed step count or size until a rerun of hours; a deliberate change rewrites the stored commands
+    got = "\n".join(f"{kind} {name}: {shlex.join(argv)}" for kind, name, argv in steps)
+    got = got.replace(str(data), "DATA").replace(str(out), "OUT")
+    stored = os.path.join(ROOT, "tests", f"commands_{scale}.txt")
+    if os.environ.get("UPDATE_COMMANDS"):  # after a change of protocol, once its rows are rerun
+        head = "".join(line for line in open(stored) if line.startswith("#"))
+        open(stored, "w").write(head + got + "\n")
+    want = "".join(line for line in open(stored) if not line.startswith("#")).rstrip("\n")
+    diff = "\n".join(difflib.unified_diff(want.splitlines(), got.splitlines(), "stored", "now", n=0, lineterm=""))
+    assert got == want, (f"the commands of `reproduce.sh {scale}` are not those of tests/commands_{scale}.txt: "
+                         f"rerun the rows they change, then UPDATE_COMMANDS=1 to store them\n{diff[:3000]}")
     if scale == "gpu":
         vit = [parsed[f"{out}/vision/fmnist-3k-seed{s}"] for s in (0, 1, 2)]
         assert all((a.n_train, a.depth, a.heads, a.dim_head) == (60000, 8, 32, 64) for a in vit)
