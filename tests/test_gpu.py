@@ -1,7 +1,8 @@
-"""GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains
-in bf16 and still measures in float32, --compile with the default (inductor) backend runs, bench.py times the levers
-of the paper-size ViT, a run stopped on the GPU resumes there, and the CIFAR-10-C corruptions on the GPU equal the
-release as on the CPU; summarise gives the CPU's numbers from counts on the GPU."""
+"""GPU-only checks, skipped where there is no CUDA device: the estimator on CUDA agrees with the CPU, --amp trains in
+bf16 and still measures in float32, --compile with the default (inductor) backend runs, bench.py times the levers of
+the paper-size ViT and measures the estimator's memory in MB, a run stopped on the GPU resumes there, and the
+CIFAR-10-C corruptions on the GPU equal the release as on the CPU; summarise gives the CPU's numbers from counts on
+the GPU."""
 
 import math
 
@@ -74,6 +75,13 @@ def test_bench_times_the_paper_vit_levers():
                                                           ["compile", "amp", "amp_compile", "tf32"]])
     assert all(math.isfinite(v) and v > 0 for v in out.values())
     assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_bench_memory_on_cuda_is_one_chunk_in_megabytes():
+    """bench.py's est_1e6_mem_mb on CUDA: the allocator's peak growth in MB, about one chunk of 8,192 copies of 16 x 8
+    floats (4 MB), not all 10^6 copies at once (512 MB) nor a count in other units."""
+    mb = bench.bench_memory(torch.device("cuda"))["est_1e6_mem_mb"]
+    assert 2 <= mb < 128, mb
 
 
 @pytest.mark.parametrize("script", list(RUNS))
