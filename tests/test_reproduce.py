@@ -365,8 +365,8 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
     assert len(runs) > 60 and sum(kind == "merge" for kind, _, _ in steps) > 15
     # the protocol itself, flag by flag: the smoke scale replaces most of these flags, so nothing else would notice a
     # changed step count or size until a rerun of hours; a deliberate change rewrites the stored commands
-    got = "\n".join(f"{kind} {name}: {shlex.join(argv)}" for kind, name, argv in steps)
-    got = got.replace(str(data), "DATA").replace(str(out), "OUT")
+    named = lambda argv: [a.replace(str(data), "DATA").replace(str(out), "OUT") for a in argv]  # (before quoting)
+    got = "\n".join(f"{kind} {name}: {shlex.join(named(argv))}" for kind, name, argv in steps)
     stored = os.path.join(ROOT, "tests", f"commands_{scale}.txt")
     if os.environ.get("UPDATE_COMMANDS"):  # after a change of protocol, once its rows are rerun
         head = "".join(line for line in open(stored) if line.startswith("#"))
