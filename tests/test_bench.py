@@ -80,7 +80,8 @@ class LastTokenThreshold(torch.nn.Module):
 
 def test_the_naive_loop_measures_the_sensitivity_the_estimator_does():
     """The authors' per-draw loop, the baseline of est_speedup, estimates the same quantity as common.sensitivity:
-    N(0, 0.1^2) noise on a last token at 0.1 flips the unit with probability Phi(-1), so S = Phi(-1) / T."""
+    N(0, 0.1^2) noise on a last token at 0.1 flips the unit with probability Phi(-1), so S = Phi(-1) / T; at 10 none
+    flips, so S = 0 exactly."""
     x = torch.zeros(1000, 4, 3)
     x[:, -1, 0] = 0.1
     expected = phi(-1) / 4
@@ -91,6 +92,9 @@ def test_the_naive_loop_measures_the_sensitivity_the_estimator_does():
     ours = sensitivity(lambda xb, idx: model(xb), x, gaussian(0.1), reps=2, seed=0).mean
     se = math.sqrt(4 * expected * (1 - 4 * expected) / 2000) / 4  # 2,000 draws at the last token
     assert abs(naive - expected) < 4 * se and abs(ours - expected) < 4 * se
+    x[:, -1, 0] = 10.0  # 100 standard deviations from the threshold: no draw flips it, so both give exactly 0
+    assert bench.naive_sensitivity(model, x, 0.1, 2) == 0.0
+    assert sensitivity(lambda xb, idx: model(xb), x, gaussian(0.1), reps=2, seed=0).mean == 0.0
 
 
 def test_timed_rounds_warms_up_then_times_each_method_in_turn():
