@@ -741,6 +741,10 @@ def test_scattered_sensitivity_gives_the_same_flips_whatever_the_forward_batch()
     runs = [vision.scattered_sensitivity(PatchThreshold(5), images, 7, 1.0, 45, seed=1, rows=r) for r in [2048, 100, 7]]
     assert all(torch.equal(runs[0].per_input, r.per_input) for r in runs[1:])
     assert 0 < runs[0].mean < 1
+    model, sizes = PatchThreshold(5), []  # on a CPU, without rows: forwards of at most 100 images
+    model.register_forward_hook(lambda module, inputs, out: sizes.append(len(inputs[0])))
+    assert torch.equal(vision.scattered_sensitivity(model, images, 7, 1.0, 45, seed=1).per_input, runs[0].per_input)
+    assert max(sizes) == 100
     # the default batch is 100 images per mask: another batch shares other masks
     authors, other = (vision.scattered_sensitivity(PatchThreshold(5), images, 7, 1.0, 45, seed=1, batch=b)
                       for b in (100, 65))
