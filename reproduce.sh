@@ -27,6 +27,11 @@ scale=${1:-}
 shift || true
 jobs="" only="" data=data out=out list="" dry=""
 [ "$scale" = --list ] && { list=1; scale=cpu; }
+case $scale in
+  cpu | gpu | smoke) ;;
+  *) got=${scale:+ (got $scale)}
+     echo "reproduce.sh: the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list$got" >&2; exit 2 ;;
+esac
 while [ $# -gt 0 ]; do
   if [[ $1 =~ ^--(jobs|only|data|out)$ ]] && [ $# -lt 2 ]; then echo "reproduce.sh: $1 needs a value" >&2; exit 2; fi
   case $1 in
@@ -40,10 +45,6 @@ while [ $# -gt 0 ]; do
             "[--data DIR] [--out DIR] [--dry-run], or --list [--only ROW,ROW])" >&2; exit 2 ;;
   esac
 done
-case $scale in
-  cpu | gpu | smoke) ;;
-  *) echo "reproduce.sh: choose a scale: cpu, gpu or smoke (or --list)" >&2; exit 2 ;;
-esac
 # one GPU: 4 runs at a time unless --jobs says otherwise. The GPU takes turns between processes, so runs that keep it
 # busy gain nothing from sharing it (and lose nothing), while small ones gain: on an H200, 12 MRPC runs 6 at a time
 # took 194 s for 912 s of their own timers; three of the authors' ViT at once, 47 ms/step each against 15-19 alone

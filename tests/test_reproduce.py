@@ -267,6 +267,21 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     assert code == 2 and out == "reproduce.sh: --only needs a value\n"
 
 
+@pytest.mark.parametrize("args, says", [
+    ((), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list"),
+    (("--only", "synthetic", "smoke"), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list "
+                                       "(got --only)"),
+    (("smoke", "--jobs", "0"), "--jobs must be an integer >= 1, got 0"),  # unchecked, 0 waits for ever
+    (("smoke", "--jobs", "two"), "--jobs must be an integer >= 1, got two"),
+    (("smoke", "--bogus"), "unknown argument --bogus (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only "
+                           "ROW,ROW] [--data DIR] [--out DIR] [--dry-run], or --list [--only ROW,ROW])")])
+def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path, args, says):
+    p = reproduce(*args, "--out", str(tmp_path / "out"), stderr=subprocess.PIPE) if args else \
+        reproduce(stderr=subprocess.PIPE)  # no argument at all
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, out, err) == (2, "", f"reproduce.sh: {says}\n") and not (tmp_path / "out").exists()
+
+
 def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
     """PYTHON (or python on the PATH) without torch: one line that says how to point reproduce.sh at the README's
     environment, exit 2, before any row starts."""
