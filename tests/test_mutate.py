@@ -300,6 +300,38 @@ def test_main_runs_each_mutant_in_a_copy_and_reports_the_survivors(tmp_path, mon
     assert "all: 0/0 killed (0.0% +- 0.0%)" in out and json.loads(none.read_text()) == {"summary": {}, "mutants": []}
 
 
+def test_a_sigterm_ends_the_tool_as_a_ctrl_c_does(tmp_path):
+    """tools/mutate.py run as a command (a copy of it in a tiny repository, with that repository's targets) and sent
+    SIGTERM, as `timeout` or kill sends it, during its second mutant's test run: that run ends, no other starts, the
+    report holds the mutants whose runs ended, and its scratch copies are gone (a plain SIGTERM had left the copies and
+    the test runs, each in a session of its own, running, and no report)."""
+    repo = tiny_repo(tmp_path / "repo")
+    slowly = "def test_slowly():  # first: every test run takes 2 s or more\n    import time\n    time.sleep(2)\n\n\n"
+    (repo / "tests" / "test_m.py").write_text(TINY["tests/test_m.py"].replace("def test_double", slowly + "def "
+                                                                               "test_double"))
+    text = open(os.path.join(ROOT, "tools", "mutate.py")).read()
+    main = '\nif __name__ == "__main__":'
+    (repo / "tools").mkdir()
+    (repo / "tools" / "mutate.py").write_text(text.replace(main, '\nTARGETS = {"m.py": (["double", "clip"], '
+                                                                 '["tests/test_m.py"])}\n' + main))
+    scratch, report = tmp_path / "scratch", tmp_path / "report.json"
+    scratch.mkdir()
+    tool = subprocess.Popen([sys.executable, "tools/mutate.py", "--jobs", "1", "--timeout", "60", "--out",
+                             str(report)], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TMPDIR=str(scratch)))
+    lines = []
+    for line in tool.stdout:  # the first mutant's line: the second's run has started
+        lines.append(line)
+        if line.startswith("[1/5 "):
+            break
+    time.sleep(1)
+    tool.send_signal(signal.SIGTERM)
+    out = "".join(lines) + tool.communicate(timeout=60)[0]
+    assert tool.returncode == 0 and "interrupted after 2 of 5 mutants" in out, out
+    assert json.loads(report.read_text())["summary"] == {"m.py": {"mutants": 2, "killed": 2}}
+    assert os.listdir(scratch) == []
+
+
 def test_no_mutant_runs_when_the_tests_fail_on_the_unchanged_code(tmp_path, monkeypatch):
     """A test that fails without any mutant (broken, or flaky: a failure at random) would count every mutant killed:
     the tool stops once the tests have run on the unchanged code, each test file once (side by side, each in its own
@@ -406,7 +438,8 @@ def test_help_shows_the_examples_and_every_flag_with_its_help():
 
 def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys):
     """Each flag's default and a value given; --jobs defaults to the cores (one where they are unknown); a file or a
-    function that is not a target is one line and exit code 2. --change keeps the changes containing its text; --sample
+    function that is not a target is one line and exit code 2, and so is --jobs or --timeout below 1 or a negative
+    --sample. --change keeps the changes containing its text; --sample
     draws that many in file order (all of them when it is 0 or more than there are)."""
     args = mutate.parse_args([])
     assert vars(args) == {"files": list(mutate.TARGETS), "jobs": os.cpu_count() or 1, "timeout": 300,
@@ -424,7 +457,10 @@ def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(mo
     assert mutate.parse_args([]).jobs == 1
     for argv, error in [(["--files", "nope.py"], "invalid choice: 'nope.py'"), (["--jobs", "two"], "invalid int"),
                         (["--files", "vits.py", "--functions", "sincos_2d", "parity", "zzz"],
-                         "--functions parity zzz: not a target of vits.py (TARGETS lists them)")]:
+                         "--functions parity zzz: not a target of vits.py (TARGETS lists them)"),
+                        (["--jobs", "0"], "--jobs must be at least 1, got 0"),
+                        (["--timeout", "0"], "--timeout must be at least 1, got 0"),
+                        (["--sample", "-3"], "--sample must be at least 0, got -3")]:
         with pytest.raises(SystemExit) as stop:
             mutate.parse_args(argv)
         assert stop.value.code == 2 and error in capsys.readouterr().err

@@ -350,6 +350,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.names = {path: [n for n in TARGETS[path][0] if args.functions is None or n in args.functions]
                   for path in args.files}  # the functions to mutate, per file
+    for flag, value, least in [("--jobs", args.jobs, 1), ("--timeout", args.timeout, 1), ("--sample", args.sample, 0)]:
+        if value < least:  # (--jobs 0 would start no run and wait for ever; --sample -3 would run every mutant)
+            p.error(f"{flag} must be at least {least}, got {value}")
     unknown = set(args.functions or []) - {n for ns in args.names.values() for n in ns}
     if unknown:
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
@@ -453,4 +456,7 @@ def main(args):
 
 
 if __name__ == "__main__":
+    # a kill or a `timeout`'s SIGTERM ends it as a Ctrl-C does: the runs under way end (their process groups with
+    # them), the copies are removed, and the report holds every mutant whose run ended
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     main(parse_args())
