@@ -776,6 +776,14 @@ def test_claims_against_without_compare_or_an_unknown_revision_is_one_line(tmp_p
     assert stored.read_text().endswith("0.990 +- 0.001\n")  # nothing written
 
 
+def test_claims_tool_on_a_folder_report_py_refuses_says_why_in_one_line(tmp_path, monkeypatch):
+    """report.py --claims's own one-line error (here: no such folder), not a CalledProcessError's traceback."""
+    monkeypatch.setattr(sys, "argv", ["claims_cpu.py", str(tmp_path / "nope"), "--compare"])
+    with pytest.raises(SystemExit, match=f"^claims_cpu.py: report.py: {tmp_path / 'nope'}: no such run folder or "
+                                         "metrics.json \\(--help lists the flags\\)$"):
+        claims_cpu.main()
+
+
 def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """`python tools/claims_cpu.py OUT --compare`: one summary line per row of OUT and its moves, nothing written."""
     stored = tmp_path / "claims.txt"
@@ -794,7 +802,7 @@ def test_claims_compare_prints_each_row_and_writes_nothing(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "argv", ["claims_cpu.py", "runs", "--compare"])
     claims_cpu.main()
     assert calls == [(([sys.executable, os.path.join(ROOT, "report.py"), "--claims", str(tmp_path / "runs")],),
-                      {"cwd": ROOT, "capture_output": True, "text": True, "check": True})]
+                      {"cwd": ROOT, "capture_output": True, "text": True})]
     out = capsys.readouterr().out.splitlines()
     assert out == ["rows from runs: row, new | changed: row, new",
                    "[row] 1 numbers with a standard error: 0 as stored, 0 within 1 s.e., 0 within 2; 0 other "

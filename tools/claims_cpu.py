@@ -126,8 +126,11 @@ def main():
     args = p.parse_args()
     if args.against is not None and not (args.check or args.compare):
         sys.exit("claims_cpu.py: --against reads older claims; use it with --check or --compare (it writes nothing)")
-    fresh = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), "--claims", os.path.abspath(args.out)],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout  # OUT from the user's folder
+    got = subprocess.run([sys.executable, os.path.join(ROOT, "report.py"), "--claims", os.path.abspath(args.out)],
+                         cwd=ROOT, capture_output=True, text=True)  # OUT from the user's folder
+    if got.returncode:  # report.py's own line: no such folder, a corrupt metrics.json
+        sys.exit(f"claims_cpu.py: {got.stderr.strip()}")
+    fresh = got.stdout
     notes, kept = blocks(stored(args.against))
     _, new = blocks(fresh)
     rows = rows_of(fresh)
