@@ -39,7 +39,7 @@ def parse_args(argv=None):
     g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise (the same for every model: paired)")
     g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (image, patch)")
     g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many of the 196 patches "
-                   "per image and draw (default: every patch)")
+                   "per image and draw, with replacement (default: every patch)")
     g.add_argument("--n-sens", type=positive_int, default=500, help="images the sensitivity is measured on")
     add_run_flags(p, unit="models", default_name="imagenet-pretrained", figures=False)  # it draws none
     args = parse(p, "imagenet", argv)

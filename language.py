@@ -85,7 +85,7 @@ def parse_args(argv=None):
                    "perturbations of the same pairs, so differences between models are paired")
     g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (pair, position)")
     g.add_argument("--sens-positions", type=positive_int, default=None,
-                   help="sample this many positions per pair and draw (default: every position)")
+                   help="sample this many positions per pair and draw, with replacement (default: every position)")
     g.add_argument("--n-sens", type=positive_int, default=500, help="training pairs the sensitivity is measured on")
     g.add_argument("--sens-test", action="store_true", help="also measure it on the first --n-sens test pairs (GLUE "
                    "validation, App. A.4)")

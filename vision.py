@@ -109,7 +109,8 @@ def add_flags(p):
     g.add_argument("--sens-patch", type=positive_int, default=None, help="patch grid (default: --patch-size)")
     g.add_argument("--sens-seed", type=seed, default=0, help="seed of the noise: the same for every model (paired)")
     g.add_argument("--reps", type=positive_int, default=1, help="noise draws per (image, patch)")
-    g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many patches per image")
+    g.add_argument("--sens-positions", type=positive_int, default=None, help="sample this many patches per image and "
+                   "draw, with replacement (default: every patch)")
     g.add_argument("--n-sens", type=positive_int, default=500, help="training images the sensitivity is measured on")
     g.add_argument("--eval-every", type=positive_int, default=5, help="epochs between evaluations [author code]")
     g.add_argument("--sens-during", type=str, default="every", choices=["every", "needed"],
