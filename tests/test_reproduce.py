@@ -558,7 +558,7 @@ def test_same_numbers_runs_a_revision_and_the_working_tree_and_says_which_runs_c
     """tools/same_numbers.py end to end, in a git repository of this one's scripts (parity's small run only): HEAD
     against its own working tree gives identical numbers (exit 0); a learning rate changed in the working tree gives
     differences, the first 20 named (exit 1); a script that fails in it cannot be compared (exit 1). The revision's
-    worktree is removed afterwards."""
+    worktree is removed afterwards. A revision that is not one is git's one line, and an unknown --only is refused."""
     clone = tmp_path / "repo"
     clone.mkdir()
     for name in os.listdir(ROOT):
@@ -590,6 +590,18 @@ def test_same_numbers_runs_a_revision_and_the_working_tree_and_says_which_runs_c
                               "0 of 1 runs give the same numbers"])
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=clone, capture_output=True, text=True).stdout
     assert len(worktrees.strip().splitlines()) == 1
+    scratch = tmp_path / "scratch"  # a revision that is not one: git's line, and no scratch folder left
+    scratch.mkdir()
+    monkeypatch.setattr(same_numbers_tool.tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "no-such-rev"])
+    with pytest.raises(SystemExit, match="^same_numbers.py: --before no-such-rev: fatal: invalid reference: "
+                                         "no-such-rev$"):
+        same_numbers_tool.main()
+    assert os.listdir(scratch) == []
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "HEAD", "--only", "nope"])  # not 0 of 0 runs
+    with pytest.raises(SystemExit) as stop:
+        same_numbers_tool.main()
+    assert stop.value.code == 2 and "argument --only: invalid choice: 'nope'" in capsys.readouterr().err
 
 
 def test_same_numbers_runs_each_small_run_in_one_thread_on_its_data_and_reads_what_it_wrote(tmp_path, monkeypatch):
@@ -651,7 +663,8 @@ def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_pat
     from types import SimpleNamespace
 
     gits, finals, made, work = [], {}, [], tmp_path / "work"
-    monkeypatch.setattr(same_numbers_tool, "subprocess", SimpleNamespace(run=lambda cmd, **kw: gits.append((cmd, kw))))
+    monkeypatch.setattr(same_numbers_tool, "subprocess", SimpleNamespace(run=lambda cmd, **kw: gits.append((cmd, kw)) or
+                                                                        subprocess.CompletedProcess(cmd, 0, "", "")))
     mkdtemp = lambda prefix: work.mkdir() or str(work)
     monkeypatch.setattr(same_numbers_tool, "tempfile", SimpleNamespace(mkdtemp=mkdtemp))
     make_data = same_numbers_tool.make_data
@@ -662,7 +675,7 @@ def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_pat
               "pretrained": pretrained("vision", "pretrained", 0.5)}
 
     def run_all(repo, out, data, only):
-        assert data == str(work / "data") and only == ["a"] and os.path.isfile(work / "data/glue/MRPC/train.tsv")
+        assert data == str(work / "data") and only == ["parity"] and os.path.isfile(work / "data/glue/MRPC/train.tsv")
         if repo == str(work / "before"):
             assert out == str(work / "out-before")
             return before
@@ -671,7 +684,7 @@ def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_pat
                 "d": "exit 2: ['bad flag']", "pretrained": pretrained("imagenet", "seed0", finals["sens"])}
 
     monkeypatch.setattr(same_numbers_tool, "run_all", run_all)
-    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "abc123", "--only", "a"])
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "abc123", "--only", "parity"])
     for sens, within in [(0.78, "within"), (0.9, "NOT within")]:  # 2 s.e. of the difference: 0.283
         finals["sens"], gits[:] = sens, []
         with pytest.raises(SystemExit, match="^1$"):
@@ -685,7 +698,7 @@ def test_same_numbers_says_for_each_run_whether_its_numbers_are_the_same(tmp_pat
         worktree = str(work / "before")
         root = same_numbers_tool.ROOT  # git runs quietly in this repository; a failed checkout stops the tool
         assert gits == [(["git", "worktree", "add", "--detach", worktree, "abc123"],
-                         dict(cwd=root, check=True, capture_output=True)),
+                         dict(cwd=root, capture_output=True, text=True)),
                         (["git", "worktree", "remove", "--force", worktree], dict(cwd=root, capture_output=True))]
         assert made == [str(work / "data")] and not work.exists()  # the generated data, removed with the runs
         made.clear()

@@ -130,12 +130,16 @@ def compare(a, b, where=""):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True, help="git revision to compare the working tree with")
-    p.add_argument("--only", nargs="+", default=None, help=f"some of {list(RUNS)} and pretrained")
+    p.add_argument("--only", nargs="+", default=None, choices=[*RUNS, "pretrained"], metavar="RUN",
+                   help=f"some of {list(RUNS)} and pretrained (vision: both vision runs)")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="same-numbers-")
     old = os.path.join(tmp, "before")
-    subprocess.run(["git", "worktree", "add", "--detach", old, args.before], cwd=ROOT, check=True,
-                   capture_output=True)
+    got = subprocess.run(["git", "worktree", "add", "--detach", old, args.before], cwd=ROOT, capture_output=True,
+                         text=True)
+    if got.returncode:  # not a revision, or no git history
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"same_numbers.py: --before {args.before}: {(got.stderr.strip().splitlines() or ['git failed'])[-1]}")
     try:
         make_data(os.path.join(tmp, "data"))
         before = run_all(old, os.path.join(tmp, "out-before"), os.path.join(tmp, "data"), args.only)
