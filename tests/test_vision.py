@@ -1241,8 +1241,8 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
     default) those that runs trained the same way with --sens-positions 8 store (sensitivity has its own generator:
     the same models), each moved by |every patch - sampled| / s.e.; the times are the clock's (a stand-in), the
     sweep's as len(sigmas) times the check's. A move without error is 0 or infinitely many, and the summary counts
-    the moves beyond 2. It refuses a checkpoint that is not the final model, a folder of two models and folders
-    without a ViT."""
+    the moves beyond 2. It refuses a checkpoint that is not the final model, a folder of two models, folders
+    without a ViT, a folder without metrics.json or checkpoint.pt, and --positions 0."""
     import sampled_positions
 
     def train(model, seed, *extra):
@@ -1329,3 +1329,11 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
                                    "--no-figures", "--out-dir", str(tmp_path), "--run-name", "two"] + SMALL))
     with pytest.raises(SystemExit, match="2 models in one folder; the checkpoint holds the last one only"):
         tool(two)
+    os.remove(os.path.join(two, "checkpoint.pt"))  # a run saved without it, and no run at all: one line each
+    for folder, need in [(two, "checkpoint.pt"), (str(tmp_path / "nope"), "metrics.json")]:
+        with pytest.raises(SystemExit, match=f"^{folder}: no {need}: not a vision.py run folder saved with its "
+                                             "checkpoint \\(--save-every\\)$"):
+            tool(folder)
+    with pytest.raises(SystemExit, match="^2$"):
+        tool(*every, "--positions", "0")
+    assert "--positions must be at least 1, got 0" in capsys.readouterr().err

@@ -30,6 +30,9 @@ from common import paired_differences  # noqa: E402
 def remeasure(folder, positions):
     """(model, seed, stored per-image flips, sampled per-image flips, seconds of one stored sigma, of the sampled
     sweep) of one run folder."""
+    for need in ["metrics.json", "checkpoint.pt"]:
+        if not os.path.isfile(os.path.join(folder, need)):
+            sys.exit(f"{folder}: no {need}: not a vision.py run folder saved with its checkpoint (--save-every)")
     with open(os.path.join(folder, "metrics.json")) as fh:
         data = json.load(fh)
     if len(data["runs"]) != 1:
@@ -63,6 +66,8 @@ def main():
     p.add_argument("folders", nargs="+", help="one-model vision.py run folders with checkpoint.pt")
     p.add_argument("--positions", type=int, default=8, help="patches sampled per image and sigma")
     args = p.parse_args()
+    if args.positions < 1:
+        p.error(f"--positions must be at least 1, got {args.positions}")
     torch.set_num_threads(1)
     stored, sampled, before, after = {}, {}, 0.0, 0.0
     for folder in args.folders:
