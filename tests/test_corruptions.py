@@ -521,6 +521,26 @@ def test_the_fidelity_tables_cells_and_the_compare_command(tmp_path, monkeypatch
         cell(c) for c in table["frost"][0]) + " | same |")
 
 
+def test_the_fidelity_tool_refuses_what_it_cannot_read_in_one_line(tmp_path, monkeypatch, capsys):
+    """No reference file, a folder without make_cifar_c.py, an unknown --only corruption, --images 0: exit 2 and one
+    line each; the reference command without the release's libraries (this environment has no scipy) says where it
+    runs."""
+    for argv, says in [(["compare", "/no/ref.npz"], "/no/ref.npz: no such file (the reference command writes it)"),
+                       (["fixture", "/no/ref.npz"], "/no/ref.npz: no such file (the reference command writes it)"),
+                       (["reference", str(tmp_path)], f"{tmp_path}: no make_cifar_c.py (give ImageNet-C/create_c of "
+                                                      "a clone of hendrycks/robustness)"),
+                       (["compare", FIXTURE, "--only", "nope"], "argument --only: invalid choice: 'nope'"),
+                       (["fixture", FIXTURE, "--images", "0"], "--images must be at least 1, got 0")]:
+        with pytest.raises(SystemExit, match="^2$"):
+            fidelity_main(monkeypatch, capsys, *argv)
+        assert says in capsys.readouterr().err.splitlines()[-1]
+    (tmp_path / "make_cifar_c.py").write_text("")
+    monkeypatch.setitem(sys.modules, "scipy", None)  # (as where it is not installed)
+    with pytest.raises(SystemExit, match="^cifar_c_fidelity.py reference: no module scipy.ndimage: the reference runs "
+                                         "in a scratch environment with the release's libraries"):
+        fidelity_main(monkeypatch, capsys, "reference", str(tmp_path))
+
+
 def test_the_fidelity_fixture_keeps_evenly_spread_images_and_renames_the_wrapped_spatter_replay(tmp_path, monkeypatch,
                                                                                                  capsys):
     """tools/cifar_c_fidelity.py fixture: --images N of the reference's images spread evenly, with every

@@ -314,13 +314,27 @@ def main():
     c = sub.add_parser("compare", help="compare ours with a reference file (repository environment)")
     c.add_argument("reference")
     c.add_argument("--frost-dir", help="the frost textures (frost is skipped without them)")
-    c.add_argument("--only", nargs="+", help="these corruptions only")
+    c.add_argument("--only", nargs="+", choices=DETERMINISTIC + RANDOM, metavar="CORRUPTION",
+                   help="these corruptions only")
     f = sub.add_parser("fixture", help="write the test fixture from a reference file")
     f.add_argument("reference")
     f.add_argument("--images", type=int, default=1)
     f.add_argument("--out", default=FIXTURE)
     args = p.parse_args()
-    {"reference": reference, "compare": compare, "fixture": fixture}[args.command](args)
+    if args.command == "reference":
+        if not os.path.isfile(os.path.join(args.folder, "make_cifar_c.py")):
+            p.error(f"{args.folder}: no make_cifar_c.py (give ImageNet-C/create_c of a clone of hendrycks/robustness)")
+        try:
+            reference(args)
+        except ModuleNotFoundError as e:  # scipy, skimage, cv2, wand: not the repository's
+            sys.exit(f"cifar_c_fidelity.py reference: no module {e.name}: the reference runs in a scratch environment "
+                     "with the release's libraries (this file's docstring gives its setup)")
+        return
+    if not os.path.isfile(args.reference):
+        p.error(f"{args.reference}: no such file (the reference command writes it)")
+    if args.command == "fixture" and args.images < 1:
+        p.error(f"--images must be at least 1, got {args.images}")
+    {"compare": compare, "fixture": fixture}[args.command](args)
 
 
 if __name__ == "__main__":
