@@ -402,12 +402,16 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
 
 
 def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
-    """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench, tests, smoke nor ROW:JOBS is
-    refused in one line; with too little of its budget left it starts no row and no test (a `timeout` of 0 s or less
-    would run them unbounded, or fail), and still packs what it has; the CUDA tests run only with `tests`."""
+    """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench, tests, smoke nor ROW:JOBS, or a
+    ROW that reproduce.sh does not have, is refused in one line before anything runs; with too little of its budget left
+    it starts no row and no test (a `timeout` of 0 s or less would run them unbounded, or fail), and still packs what it
+    has; the CUDA tests run only with `tests`."""
     bad = gpu_check("60", str(tmp_path / "a"), "vision3k")
     assert bad.returncode == 2 and "a step is bench, tests, smoke or ROW:JOBS" in bad.stderr
     assert "got vision3k" in bad.stderr
+    bad = gpu_check("60", str(tmp_path / "a"), "mnist01:2", "nope:3")  # before anything runs, not minutes later
+    assert (bad.returncode, bad.stdout) == (2, "") and not (tmp_path / "a").exists()
+    assert bad.stderr == "reproduce.sh: --only nope: no such row (bash reproduce.sh --list)\n"
     res = tmp_path / "b"
     short = gpu_check("40", str(res), "imagenet:1")
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout

@@ -35,6 +35,11 @@ for step in "$@"; do
 done
 python=${PYTHON:-python3}
 [[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: BUDGET_S must be a whole number of seconds" >&2; exit 2; }
+if [ ${#rows[@]} -gt 0 ]; then  # a row that reproduce.sh does not have: said now, not in its log minutes later
+  names=""
+  for spec in "${rows[@]}"; do names+="${spec%:*},"; done
+  bash reproduce.sh --list --only "${names%,}" > /dev/null || exit 2
+fi
 mkdir -p "$res"
 start=$(date +%s)
 left() { echo $((budget - ($(date +%s) - start))); }
