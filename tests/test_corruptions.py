@@ -377,12 +377,14 @@ def test_random_corruptions_equal_the_release_given_its_draws(name):
 
 def test_the_borders_are_numpys_pads():
     """pad's three borders, as np.pad names them: OpenCV's "reflect" (d c b | a b c d) is numpy's "reflect", SciPy's
-    "reflect" (c b a | a b c d, elastic's smoothing) numpy's "symmetric", and "replicate" numpy's "edge"."""
+    "reflect" (c b a | a b c d, elastic's smoothing) numpy's "symmetric", and "replicate" numpy's "edge"; on the last
+    two dimensions, whatever comes before them."""
     x = torch.arange(2 * 5 * 6, dtype=torch.float32).view(1, 2, 5, 6)
     for ours, numpys in [("reflect", "reflect"), ("symmetric", "symmetric"), ("replicate", "edge")]:
         for r in (1, 3):
             expected = np.pad(x.numpy(), ((0, 0), (0, 0), (r, r), (r, r)), mode=numpys)
             assert np.array_equal(C.pad(x, r, ours).numpy(), expected), (ours, r)
+            assert np.array_equal(C.pad(x[0], r, ours).numpy(), expected[0]), (ours, r)  # any leading dimensions
 
 
 def test_gaussian_kernels_have_scipys_radius():
