@@ -525,17 +525,23 @@ CLAIMS = [("synthetic", "synthetic/cases", synthetic_claim), ("fig12", "syntheti
 
 def claims(out_dir):
     """Print the numbers of every claims-table row from the folders under out_dir (bash reproduce.sh's): one block
-    per row, headed by the row and the folder (relative to out_dir); a row whose folder is missing says so."""
+    per row, headed by the row and the folder (relative to out_dir); a row whose folder is missing says so, and a
+    last line says when no row's is there (out_dir not the folder reproduce.sh wrote)."""
+    found = 0
     for row, folder, show in CLAIMS:  # each named by its folder under out_dir, so the text is the same from anywhere
         path = os.path.join(out_dir, folder)
         if not os.path.isfile(os.path.join(path, "metrics.json")):
             print(f"[{row}] {folder}: not run")
             continue
+        found += 1
         data = load_results(path)
         n = len({identity(run, r)[1] for run, r in data["runs"].items()})
         k = len(data.get("sources", [path]))
         print(f"[{row}] {folder} (" + (f"{seeds(n)}, " if n else "") + f"{k} folder{'s' if k > 1 else ''})")
         show(data)
+    if not found:
+        print(f"no row's folder is under {out_dir}: give the folder that bash reproduce.sh wrote (its --out, out by "
+              "default, which holds synthetic/, vision/, language/, ...)")
 
 
 # -----------------------------------------------------------------------------

@@ -1015,7 +1015,8 @@ def test_a_paired_difference_shows_its_error_and_seeds_only_where_it_has_them():
 
 def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run(tmp_path, capsys):
     """report.py --claims OUT: one block per claims-table row, headed by its folder under OUT, its seeds and how many
-    run folders were merged into it; a row whose folder is missing is one 'not run' line."""
+    run folders were merged into it; a row whose folder is missing is one 'not run' line, and a folder that holds none
+    of them says so at the end."""
     runs = {f"sparse-lower/seed{s}": {"model": "sparse-lower", "seed": s, "history": [],
                                       "final": synthetic_final(0.0, 0.0, 0.3)}
             for s in range(2)}
@@ -1032,6 +1033,11 @@ def test_claims_print_every_row_from_its_merged_folder_and_say_which_did_not_run
                         "the model learns the lower-sensitivity feature in every seed in 1 of 1 settings"]
     assert out[4] == "[vision3k] vision/fmnist-3k: not run"
     assert out[-2:] == ["[robustness] robustness/fmnist-rob: not run", "[robustness] robustness/fig9: not run"]
+    report.main(report.parse_args(["--claims", str(tmp_path / "synthetic")]))  # a folder below reproduce.sh's
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(report.CLAIMS) + 1 and all(line.endswith(": not run") for line in out[:-1])
+    assert out[-1] == (f"no row's folder is under {tmp_path / 'synthetic'}: give the folder that bash reproduce.sh "
+                       "wrote (its --out, out by default, which holds synthetic/, vision/, language/, ...)")
 
 
 def test_start_run_makes_a_fresh_folder_and_says_where_it_writes(tmp_path, capsys, monkeypatch, kept_threads):
