@@ -582,7 +582,7 @@ def test_the_fidelity_fixture_keeps_evenly_spread_images_and_renames_the_wrapped
         assert all(np.array_equal(got[f"{name}/{s}"], ref[f"{name}/{s}"][pick]) for s in range(1, 6))
 
 
-def test_the_fidelity_tools_commands_their_defaults_and_help(monkeypatch, capsys):
+def test_the_fidelity_tools_commands_their_defaults_and_help(tmp_path, monkeypatch, capsys):
     """reference, compare and fixture with their defaults (the fixture into tests/fixtures), a command required,
     and each flag's help under its command."""
     seen = []
@@ -592,12 +592,16 @@ def test_the_fidelity_tools_commands_their_defaults_and_help(monkeypatch, capsys
     def main(*argv):
         return fidelity_main(monkeypatch, capsys, *argv)
 
-    main("reference", "create_c")
-    main("compare", "ref.npz")
-    main("fixture", "ref.npz")
-    assert seen == [("reference", {"command": "reference", "folder": "create_c", "out": "cifar_c_reference.npz"}),
-                    ("compare", {"command": "compare", "reference": "ref.npz", "frost_dir": None, "only": None}),
-                    ("fixture", {"command": "fixture", "reference": "ref.npz", "images": 1, "out": FIXTURE})]
+    create_c, ref = tmp_path / "create_c", str(tmp_path / "ref.npz")  # (each command first checks its input exists)
+    create_c.mkdir()
+    (create_c / "make_cifar_c.py").write_text("")
+    open(ref, "w").close()
+    main("reference", str(create_c))
+    main("compare", ref)
+    main("fixture", ref)
+    assert seen == [("reference", {"command": "reference", "folder": str(create_c), "out": "cifar_c_reference.npz"}),
+                    ("compare", {"command": "compare", "reference": ref, "frost_dir": None, "only": None}),
+                    ("fixture", {"command": "fixture", "reference": ref, "images": 1, "out": FIXTURE})]
     with pytest.raises(SystemExit, match="^2$"):
         main()
     assert "the following arguments are required: command" in capsys.readouterr().err
