@@ -606,6 +606,12 @@ def test_same_numbers_runs_a_revision_and_the_working_tree_and_says_which_runs_c
     with pytest.raises(SystemExit) as stop:
         same_numbers_tool.main()
     assert stop.value.code == 2 and "argument --only: invalid choice: 'nope'" in capsys.readouterr().err
+    said = "Preparing worktree (detached HEAD 1234567)\nfatal: '/tmp/x' already exists\n"  # git's last line is why
+    monkeypatch.setattr(same_numbers_tool.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 128,
+                                                                                                         "", said))
+    monkeypatch.setattr(sys, "argv", ["same_numbers.py", "--before", "HEAD"])
+    with pytest.raises(SystemExit, match="^same_numbers.py: --before HEAD: fatal: '/tmp/x' already exists$"):
+        same_numbers_tool.main()
 
 
 def test_same_numbers_runs_each_small_run_in_one_thread_on_its_data_and_reads_what_it_wrote(tmp_path, monkeypatch):

@@ -159,6 +159,7 @@ TARGETS = {
                                 "claims_against_reads_the_claims_an_older_commit_stored",
                                 "claims_against_without_compare_or_an_unknown_revision_is_one_line",
                                 "claims_compare_prints_each_row_and_writes_nothing",
+                                "claims_tool_on_a_folder_report_py_refuses_says_why_in_one_line",
                                 "claims_tool_help_shows_its_examples_and_every_flag"]]),
     # what a sampled patch mask would do to the vision rows (RESULTS: why --sens-positions is not used)
     "tools/sampled_positions.py": (["remeasure", "main"], ["tests/test_vision.py::test_the_sampled_positions_tool_"
