@@ -439,8 +439,8 @@ def test_help_shows_the_examples_and_every_flag_with_its_help():
 def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys):
     """Each flag's default and a value given; --jobs defaults to the cores (one where they are unknown); a file or a
     function that is not a target is one line and exit code 2, and so is --jobs or --timeout below 1 or a negative
-    --sample. --change keeps the changes containing its text; --sample
-    draws that many in file order (all of them when it is 0 or more than there are)."""
+    --sample. --change keeps the changes containing its text; --sample draws that many in file order (all of them when
+    it is 0 or more than there are)."""
     args = mutate.parse_args([])
     assert vars(args) == {"files": list(mutate.TARGETS), "jobs": os.cpu_count() or 1, "timeout": 300,
                           "functions": None, "change": None, "list": False, "sample": 0, "sample_seed": 0,
