@@ -1336,4 +1336,4 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
             tool(folder)
     with pytest.raises(SystemExit, match="^2$"):
         tool(*every, "--positions", "0")
-    assert "--positions must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --positions: must be an integer >= 1, got 0" in capsys.readouterr().err

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import report  # noqa: E402
 import vision  # noqa: E402
 from common import paired_differences  # noqa: E402
+from runs import positive_int  # noqa: E402
 
 
 def remeasure(folder, positions):
@@ -64,10 +65,8 @@ def remeasure(folder, positions):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folders", nargs="+", help="one-model vision.py run folders with checkpoint.pt")
-    p.add_argument("--positions", type=int, default=8, help="patches sampled per image and sigma")
+    p.add_argument("--positions", type=positive_int, default=8, help="patches sampled per image and sigma")
     args = p.parse_args()
-    if args.positions < 1:
-        p.error(f"--positions must be at least 1, got {args.positions}")
     torch.set_num_threads(1)
     stored, sampled, before, after = {}, {}, 0.0, 0.0
     for folder in args.folders:
