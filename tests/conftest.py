@@ -86,6 +86,14 @@ def spy(made, key, make):
     return called
 
 
+def forward_sizes(model):
+    """The batch size of every forward of `model` from now on, in a list that fills: how a test sees how many inputs
+    an evaluation sends at a time, which leaves its numbers unchanged."""
+    sizes = []
+    model.register_forward_hook(lambda module, inputs, out: sizes.append(len(inputs[0])))
+    return sizes
+
+
 def printing(monkeypatch, module):
     """Every call of print in `module` from now on, as (args, keyword arguments), in a list that fills; each still
     prints. How a test sees `flush=`, which the PYTHONUNBUFFERED of a developer's shell would hide."""

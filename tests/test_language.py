@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import language
 import report
 import runs
-from conftest import loop_calls, optimizer_steps
+from conftest import forward_sizes, loop_calls, optimizer_steps
 from runs import seed_all, strict_json
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on a mat!", 1),
@@ -453,8 +453,8 @@ def test_evaluate_gives_the_known_loss_accuracy_and_majority_share():
     loss, acc, share = language.evaluate(Says(1), tokens, labels)
     assert acc == 0.7 and share == 1.0
     assert loss == pytest.approx(-(7 * math.log(0.8) + 3 * math.log(0.2)) / 10, rel=1e-6)
-    model, sizes = Says(1), []
-    model.register_forward_hook(lambda module, inputs, out: sizes.append(len(inputs[0])))
+    model = Says(1)
+    sizes = forward_sizes(model)
     assert language.evaluate(model, tokens.repeat(15, 1), labels.repeat(15)) == (pytest.approx(loss, rel=1e-6), acc,
                                                                                   share)
     assert sizes == [64, 64, 22]

@@ -22,7 +22,7 @@ import runs
 import vision
 import vits
 from common import paired_differences, patchify
-from conftest import loop_calls, printing
+from conftest import forward_sizes, loop_calls, printing
 from runs import Results, strict_json
 from test_common import phi
 
@@ -412,8 +412,8 @@ def test_evaluate_gives_the_known_loss_and_accuracy():
     loss, acc = vision.evaluate(Fixed(), x, y)
     assert acc == 0.25
     assert loss == pytest.approx((10 * math.log(2) + 30 * math.log(4)) / 40, rel=1e-6)
-    model, sizes = Fixed(), []
-    model.register_forward_hook(lambda module, inputs, out: sizes.append(len(inputs[0])))
+    model = Fixed()
+    sizes = forward_sizes(model)
     assert vision.evaluate(model, x.repeat(15, 1, 1, 1), y.repeat(15)) == (pytest.approx(loss, rel=1e-6), acc)
     assert sizes == [256, 256, 88]
 
@@ -746,8 +746,8 @@ def test_scattered_sensitivity_gives_the_same_flips_whatever_the_forward_batch()
     runs = [vision.scattered_sensitivity(PatchThreshold(5), images, 7, 1.0, 45, seed=1, rows=r) for r in [2048, 100, 7]]
     assert all(torch.equal(runs[0].per_input, r.per_input) for r in runs[1:])
     assert 0 < runs[0].mean < 1
-    model, sizes = PatchThreshold(5), []  # on a CPU, without rows: forwards of at most 100 images
-    model.register_forward_hook(lambda module, inputs, out: sizes.append(len(inputs[0])))
+    model = PatchThreshold(5)  # on a CPU, without rows: forwards of at most 100 images
+    sizes = forward_sizes(model)
     assert torch.equal(vision.scattered_sensitivity(model, images, 7, 1.0, 45, seed=1).per_input, runs[0].per_input)
     assert max(sizes) == 100
     # the default batch is 100 images per mask: another batch shares other masks
