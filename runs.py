@@ -294,9 +294,16 @@ def get_device(name="auto"):
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name} was asked for, but no CUDA device is available (try --device cpu)")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:<index>") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # mps lacks the float64 the estimator counts in
+        raise ValueError(f"--device {name!r} is not a device these scripts run on: use auto, cpu, cuda or "
+                         "cuda:<index>")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"numbered from 0")
+    return device
 
 
 def setup(args):

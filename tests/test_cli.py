@@ -87,6 +87,8 @@ BAD = [
     ("vision", ["--dataset", "fake28", "--n-train", "50", "--n-sens", "51", "--epochs", "1"], "--n-sens 51"),
     ("vision", ["--device", "cuda:7" if torch.cuda.is_available() else "cuda", "--dataset", "fake28"], "--device"),
     ("vision", ["--device", "tpu"], "--device"),
+    ("synthetic", ["--device", "mps"], "--device 'mps' is not a device these scripts run on: use auto, cpu, cuda"),
+    ("grokking", ["--device", "meta"], "--device 'meta' is not a device these scripts run on"),  # no values to train
     ("report", ["/no/such/run"], "/no/such/run: no such run folder"),
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
     ("imagenet", ["--imagenet-dir", imagenet.__file__], f"--imagenet-dir {imagenet.__file__}: no such folder"),

@@ -583,6 +583,16 @@ def test_under_torchrun_a_gpu_run_joins_nccl_on_its_local_gpu_and_a_cpu_run_gloo
     sys.stdout.close()  # the file setup() opened (sys.stdout itself is restored afterwards)
 
 
+def test_get_device_takes_a_cuda_index_the_machine_has(monkeypatch):
+    """With one GPU (stood in for), cuda and cuda:0 are devices and cuda:1 is one clear error, not a failure at the
+    first tensor moved there; auto is cuda."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert [str(runs.get_device(name)) for name in ["cuda", "cuda:0", "auto"]] == ["cuda", "cuda:0", "cuda"]
+    with pytest.raises(ValueError, match=r"^--device cuda:1: this machine has 1 CUDA device\(s\), numbered from 0$"):
+        runs.get_device("cuda:1")
+
+
 def test_a_data_folder_that_cannot_hold_a_lock_is_read_unlocked(tmp_path):
     """Where folder/.lock cannot be made (here the folder's parent is a file) the block still runs, unlocked."""
     (tmp_path / "a-file").write_text("")
