@@ -316,8 +316,8 @@ do_fig4() {
   local models="vit vit-simple resnet18 densenet121 convmixer"
   [ "$scale" = smoke ] && models="vit vit-simple"  # the CNNs' sweep takes minutes on a CPU, even this small
   for set in cifar10 svhn; do
-    [ "$scale" = smoke ] || need "$([ $set = cifar10 ] && echo cifar-10-batches-py || echo train_32x32.mat)" \
-      "$set (torchvision's files)" || continue
+    [ "$scale" = smoke ] || { need "$([ $set = cifar10 ] && echo cifar-10-batches-py || echo train_32x32.mat)" \
+      "$set (torchvision's files)" && have $set; } || continue  # have: readable (SVHN's .mat files need scipy)
     for s in $seeds; do
       run $set-fig4-seed$s vision.py --dataset $set --data-dir $data --model $models --sweep $needed --seeds $s $V
     done

@@ -166,6 +166,12 @@ def load_dataset(name, data_dir, device):
         return {k: v.to(device) for k, v in data.items()}
     import torchvision.datasets as tvd
 
+    if name == "svhn":  # checked before torchvision downloads 600 MB that it then cannot read
+        try:
+            import scipy.io  # noqa: F401  torchvision reads SVHN's .mat files with it
+        except ImportError:
+            raise ValueError("--dataset svhn needs scipy, with which torchvision reads SVHN's .mat files: "
+                             "pip install scipy") from None
     cls = {"cifar10": tvd.CIFAR10, "svhn": tvd.SVHN, "fashionmnist": tvd.FashionMNIST, "mnist01": tvd.MNIST}[name]
     data = {}
     for split, train in [("train", True), ("test", False)]:

@@ -45,8 +45,8 @@ def gpu_check(*args):
                           text=True)
 
 
-def finish(*args):
-    p = reproduce(*args)
+def finish(*args, python=sys.executable):
+    p = reproduce(*args, python=python)
     out, _ = p.communicate(timeout=1200)
     return p.returncode, out
 
@@ -311,14 +311,24 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
 def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
     """A Fashion-MNIST or MNIST row loads its dataset once first (torchvision downloads what is missing): where that
     fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to
-    fail; the robustness row still gets to Fig. 9 (gpu: skipped too, with no CIFAR-10)."""
+    fail; the robustness row still gets to Fig. 9 (gpu: skipped too, with no CIFAR-10). So does Fig. 4's SVHN, whose
+    files are there but cannot be read without scipy (hidden from the python here, installed or not)."""
     for folder in ["FashionMNIST", "MNIST"]:
         for name in ["train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"]:
             (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
             (tmp_path / "d" / folder / "raw" / f"{name}-ubyte").write_bytes(b"not an image file")
-    code, out = finish("gpu", "--only", "vision3k,mnist01,robustness", "--data", str(tmp_path / "d"), "--out",
-                       str(tmp_path / "o"))
+    (tmp_path / "d" / "train_32x32.mat").write_bytes(b"")
+    (tmp_path / "no-scipy" / "scipy").mkdir(parents=True)
+    (tmp_path / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/bash\nPYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,robustness", "--data", str(tmp_path / "d"), "--out",
+                       str(tmp_path / "o"), python=python)
     assert code == 0, out
+    assert f"  skipped: needs cifar10 (torchvision's files) at {tmp_path}/d/cifar-10-batches-py" in out
+    assert "  skipped: svhn: --dataset svhn needs scipy, with which torchvision reads SVHN's .mat files: pip install " \
+           "scipy" in out and "[fig4] vision/svhn-fig4: not run" in out
     raw = tmp_path / "d" / "FashionMNIST" / "raw"
     assert out.count(f"  skipped: fashionmnist: {raw}/train-images-idx3-ubyte is present but unreadable") == 2
     assert f"  skipped: mnist01: {tmp_path}/d/MNIST/raw/train-images-idx3-ubyte is present but unreadable" in out

@@ -132,6 +132,17 @@ def test_offline_missing_dataset_is_a_clear_error(tmp_path, monkeypatch):
         vision.load_dataset("fashionmnist", str(tmp_path), torch.device("cpu"))
 
 
+def test_svhn_without_scipy_is_a_clear_error_before_any_download(tmp_path, monkeypatch):
+    """torchvision reads SVHN's .mat files with scipy, which requirements.txt leaves out: without it, one line that
+    says so, before torchvision downloads 600 MB (the download is stood in for by a failure)."""
+    import torchvision.datasets as tvd
+
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy.io raises ImportError, installed or not
+    monkeypatch.setattr(tvd, "SVHN", lambda *a, **k: pytest.fail("torchvision was asked for SVHN"))
+    with pytest.raises(ValueError, match=r"^--dataset svhn needs scipy, .*: pip install scipy$"):
+        vision.load_dataset("svhn", str(tmp_path), torch.device("cpu"))
+
+
 def test_each_datasets_images_become_uint8_nchw_with_int64_labels(tmp_path, monkeypatch):
     """What torchvision gives, as each dataset's class holds it: CIFAR-10 (N, H, W, 3) with a list of targets, SVHN
     (N, 3, H, W) with .labels and a split, MNIST (N, H, W) with all ten digits, of which MNIST 0 vs 1 keeps the 0s
@@ -152,6 +163,8 @@ def test_each_datasets_images_become_uint8_nchw_with_int64_labels(tmp_path, monk
                 made[name, train] = self
         return Data
 
+    for module in ["scipy", "scipy.io"]:  # SVHN's check that torchvision can read its .mat files, passed
+        monkeypatch.setitem(sys.modules, module, types.ModuleType(module))
     digits = lambda n: torch.arange(n) % 10  # noqa: E731
     monkeypatch.setattr(tvd, "CIFAR10", stand_in("cifar10", (32, 32, 3), "targets", lambda n: digits(n).tolist()))
     monkeypatch.setattr(tvd, "SVHN", stand_in("svhn", (3, 32, 32), "labels", lambda n: digits(n).numpy()))
