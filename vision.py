@@ -83,7 +83,8 @@ def add_flags(p):
     g.add_argument("--optimizer", type=str, default="sgd", choices=["sgd", "adam"], help="paper: SGD (Fig. 14: Adam)")
     g.add_argument("--lr", type=per_name(MODELS, "learning rate"), nargs="+", default=[], help="learning rate for all "
                    "models (0.05) or per model (cnn=0.05 vit=0.1); a model not named keeps the paper's rate (LR above)")
-    g.add_argument("--momentum", type=nonnegative_float, default=0.0, help="SGD momentum [author code: none]")
+    g.add_argument("--momentum", type=checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)"), default=0.0,
+                   help="SGD momentum [author code: none]")  # 1 and above: the steps never decay (diverges)
     g.add_argument("--weight-decay", type=nonnegative_float, default=0.0, help="weight decay [author code: none]")
     g.add_argument("--schedule", type=str, default="constant", choices=["constant", "step", "cosine"],
                    help="lr schedule: constant, step (x0.5 every 8 epochs, the authors'), cosine to 0")

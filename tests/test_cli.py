@@ -93,6 +93,8 @@ BAD = [
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
     ("imagenet", ["--imagenet-dir", imagenet.__file__], f"--imagenet-dir {imagenet.__file__}: no such folder"),
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
+    ("vision", ["--momentum", "1"], "--momentum must be a number in [0, 1), got 1"),  # SGD would never forget a step
+    ("robustness", ["--momentum", "nan"], "--momentum must be a number in [0, 1), got nan"),
     ("vision", ["--lr", "inf"], "--lr must be a finite learning rate > 0 (or <model>=<learning rate>), got inf"),
     ("vision", ["--patch-size", "5", "--dataset", "fake"], "--patch-size 5 does not divide"),
     # every flag with choices refuses a value outside them, before anything else (not a KeyError or a silent default)
