@@ -96,7 +96,8 @@ def parse_args(argv=None):
         args.only = args.only.split(",")
         unknown = [g for g in args.only if g not in GROUPS]
         if unknown:
-            p.error(f"--only: no benchmark group {', '.join(unknown)} (choose from {', '.join(GROUPS)})")
+            p.error(f"--only: no benchmark group {', '.join(g or repr(g) for g in unknown)} (choose from "
+                    f"{', '.join(GROUPS)})")  # an empty name (a stray comma) shows as ''
     if args.out is not None and os.path.exists(args.out):
         p.error(f"--out {args.out} exists; bench.py never replaces a results file")
     folder = os.path.dirname(os.path.abspath(args.out or "out/bench/bench.json"))

@@ -148,6 +148,7 @@ BAD = [
     ("grokking", ["--p", "1"], "--p must be >= 2, got 1"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
+    ("bench", ["--only", "estimator,"], "--only: no benchmark group '' (choose from estimator,"),  # a stray comma
 ]
 
 
