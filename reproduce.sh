@@ -419,7 +419,7 @@ do_robustness() {
   [ "$scale" = cpu ] && { echo "  Fig. 9 skipped: the paper's scale, bash reproduce.sh gpu"; return; }
   c="--dataset cifar10 --data-dir $data $needed $frost"
   if [ "$scale" = gpu ]; then
-    need cifar-10-batches-py "CIFAR-10 (torchvision's files), for Fig. 9" || return 0
+    { need cifar-10-batches-py "CIFAR-10 (torchvision's files), for Fig. 9" && have cifar10; } || return 0
     [ -d "$data/CIFAR-10-C" ] && c="$c --cifar10c-dir $data/CIFAR-10-C" \
       || echo "  note: no $data/CIFAR-10-C (https://zenodo.org/record/2535967), so Fig. 9's corruptions are generated"
   fi

@@ -297,10 +297,14 @@ def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
 
 
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
-    """At the gpu scale without the MRPC or ImageNet files: each row says which files to put where and is skipped;
-    the claims say it was not run; nothing fails."""
-    code, out = finish("gpu", "--only", "mrpc,imagenet", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
+    """At the gpu scale without the MRPC, ImageNet, CIFAR-10 or SVHN files: each row says which files to put where and
+    is skipped; the claims say it was not run; nothing fails."""
+    code, out = finish("gpu", "--only", "mrpc,imagenet,fig4", "--data", str(tmp_path / "none"), "--out",
+                       str(tmp_path / "o"))
     assert code == 0, out
+    for name, path in [("cifar10", "cifar-10-batches-py"), ("svhn", "train_32x32.mat")]:
+        assert f"skipped: needs {name} (torchvision's files) at {tmp_path / 'none'}/{path}" in out
+        assert f"[fig4] vision/{name}-fig4: not run" in out
     assert "reproduce.sh gpu: 4 processes at a time" in out  # the GPU's default (--jobs): small runs share it well
     assert f"skipped: needs GLUE MRPC (language.py --download) at {tmp_path / 'none'}/glue/MRPC" in out
     assert "skipped: needs ImageNet's training images as an ImageFolder (one folder per class) at " \
@@ -311,28 +315,33 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
 def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
     """A Fashion-MNIST or MNIST row loads its dataset once first (torchvision downloads what is missing): where that
     fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to
-    fail; the robustness row still gets to Fig. 9 (gpu: skipped too, with no CIFAR-10). So does Fig. 4's SVHN, whose
-    files are there but cannot be read without scipy (hidden from the python here, installed or not)."""
+    fail; the robustness row still gets to Fig. 9, skipped too, as is Fig. 4, on a damaged CIFAR-10 file (the python
+    here has a proxy that refuses every download, so that torchvision cannot replace it). So is Fig. 4's SVHN, whose
+    file is there but cannot be read without scipy (hidden from that python, installed or not)."""
     for folder in ["FashionMNIST", "MNIST"]:
         for name in ["train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"]:
             (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
             (tmp_path / "d" / folder / "raw" / f"{name}-ubyte").write_bytes(b"not an image file")
     (tmp_path / "d" / "train_32x32.mat").write_bytes(b"")
+    (tmp_path / "d" / "cifar-10-batches-py").mkdir()
+    (tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
     (tmp_path / "no-scipy" / "scipy").mkdir(parents=True)
     (tmp_path / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/bash\nPYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
+    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
+                      f'PYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
     code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,robustness", "--data", str(tmp_path / "d"), "--out",
                        str(tmp_path / "o"), python=python)
     assert code == 0, out
-    assert f"  skipped: needs cifar10 (torchvision's files) at {tmp_path}/d/cifar-10-batches-py" in out
+    batch = tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1"
+    assert out.count(f"  skipped: cifar10: {batch} is present but unreadable: its MD5 checksum is not") == 2
     assert "  skipped: svhn: --dataset svhn needs scipy, with which torchvision reads SVHN's .mat files: pip install " \
            "scipy" in out and "[fig4] vision/svhn-fig4: not run" in out
     raw = tmp_path / "d" / "FashionMNIST" / "raw"
     assert out.count(f"  skipped: fashionmnist: {raw}/train-images-idx3-ubyte is present but unreadable") == 2
     assert f"  skipped: mnist01: {tmp_path}/d/MNIST/raw/train-images-idx3-ubyte is present but unreadable" in out
-    assert "skipped: needs CIFAR-10 (torchvision's files), for Fig. 9" in out
+    assert "[fig4] vision/cifar10-fig4: not run" in out and "[robustness] robustness/fig9: not run" in out
     assert "[vision3k] vision/fmnist-3k: not run" in out and not (tmp_path / "o" / "vision").exists()
 
 
