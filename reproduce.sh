@@ -180,14 +180,21 @@ need() {  # need PATH WHAT: false, with one line, when a dataset is missing (the
 }
 
 declare -A loads=()  # dataset -> "" once it loaded, else why not (each dataset checked once per reproduce.sh)
-have() {  # have DATASET: true when vision.py can load it (torchvision downloads it now if missing); else one line,
-  # and the row is skipped rather than each of its runs failing. At the smoke scale and in --dry-run, true
+have() {  # have DATASET: true when vision.py can load it (torchvision downloads it now if missing), or for TASK/SPLIT
+  # (mrpc/paper, mrpc/glue, qqp/glue) when language.py can read its GLUE files; else one line, and the row is skipped
+  # rather than each of its runs failing. At the smoke scale and in --dry-run, true
   local why
   { [ "$scale" = smoke ] || [ -n "$dry" ]; } && return 0
   if [ -z "${loads[$1]+x}" ]; then
-    why=$("$python" -c 'import sys, vision
+    why=$("$python" -c 'import os, sys, glue, vision
+name, data = sys.argv[1:]
 try:
-    vision.load_dataset(sys.argv[1], sys.argv[2], "cpu")
+    if "/" in name:  # a GLUE task and split, read as language.py reads them
+        task, split = name.split("/")
+        for f in glue.SPLITS[task][split]:
+            glue.read_tsv(os.path.join(data, "glue", task.upper(), f), task)
+    else:
+        vision.load_dataset(name, data, "cpu")
 except (OSError, ValueError) as e:
     sys.exit(str(e))' "$1" "$data" 2>&1) && loads[$1]="" || loads[$1]=$(tail -1 <<< "$why")
   fi
@@ -359,7 +366,8 @@ do_grokking() {  # each run ends 1,000 epochs after it groks: every number the r
 
 row mrpc 163.4 "Sec. 6, App. A.4: RoBERTa, ReLU-RoBERTa, GPT-2 and the LSTM on MRPC, the paper's split (3 seeds)"
 do_mrpc() {
-  [ "$scale" = smoke ] || need glue/MRPC/msr_paraphrase_train.txt "GLUE MRPC (language.py --download)" || return 0
+  [ "$scale" = smoke ] || { need glue/MRPC/msr_paraphrase_train.txt "GLUE MRPC (language.py --download)" \
+    && have mrpc/paper; } || return 0
   # between initialisation and the end the headline sigma alone: its curve is the row's "from 17,968 examples on"
   local c="--data-dir $data/glue --task mrpc --fused --epochs 10 --n-sens 300 --sens-positions 8 --eval-every 188
     --sigma 3.872983346207417 2 --sens-during needed --align right left"
@@ -376,7 +384,8 @@ do_mrpc() {
 
 row mrpcglue 132.1 "Sec. 6: the same on GLUE's re-split of MRPC (3 seeds)"
 do_mrpcglue() {
-  [ "$scale" = smoke ] || need glue/MRPC/train.tsv "GLUE MRPC (language.py --download)" || return 0
+  [ "$scale" = smoke ] || { need glue/MRPC/train.tsv "GLUE MRPC (language.py --download)" && have mrpc/glue; } \
+    || return 0
   # measured at initialisation and at the end only (--eval-every beyond the run's 1,150 steps): the row reads no curve
   local c="--data-dir $data/glue --task mrpc --split glue --fused --epochs 10 --n-sens 300 --sens-positions 8
     --eval-every 1000000 --sigma 3.872983346207417 2 --align right left"
@@ -392,7 +401,8 @@ do_mrpcglue() {
 row qqp 0 "App. A.4: the same on QQP (gpu; 3 seeds)"
 do_qqp() {
   [ "$scale" = cpu ] && { echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return; }
-  [ "$scale" = smoke ] || need glue/QQP/train.tsv "GLUE QQP (language.py --download --task qqp)" || return 0
+  [ "$scale" = smoke ] || { need glue/QQP/train.tsv "GLUE QQP (language.py --download --task qqp)" \
+    && have qqp/glue; } || return 0
   for s in $seeds; do
     run qqp-seed$s language.py --data-dir $data/glue --task qqp --model roberta gpt2 lstm --sigma 2 --seeds $s $L
   done

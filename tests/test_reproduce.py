@@ -312,10 +312,11 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
     assert "[mrpc] language/mrpc-paper-3seeds: not run" in out and "[imagenet] imagenet/pretrained: not run" in out
 
 
-def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
+def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
     """A Fashion-MNIST or MNIST row loads its dataset once first (torchvision downloads what is missing): where that
     fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to
-    fail; the robustness row still gets to Fig. 9, skipped too, as is Fig. 4, on a damaged CIFAR-10 file (the python
+    fail; the MRPC rows read their GLUE files first, as language.py does, and are skipped on a damaged one or a missing
+    one; the robustness row still gets to Fig. 9, skipped too, as is Fig. 4, on a damaged CIFAR-10 file (the python
     here has a proxy that refuses every download, so that torchvision cannot replace it). So is Fig. 4's SVHN, whose
     file is there but cannot be read without scipy (hidden from that python, installed or not)."""
     for folder in ["FashionMNIST", "MNIST"]:
@@ -323,6 +324,10 @@ def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
             (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
             (tmp_path / "d" / folder / "raw" / f"{name}-ubyte").write_bytes(b"not an image file")
     (tmp_path / "d" / "train_32x32.mat").write_bytes(b"")
+    mrpc = tmp_path / "d" / "glue" / "MRPC"  # the paper's split with a file cut inside its header, GLUE's without dev
+    mrpc.mkdir(parents=True)
+    (mrpc / "msr_paraphrase_train.txt").write_text("Quality\t#1 ID\n1\tx\n")
+    (mrpc / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta b\tc d\n")
     (tmp_path / "d" / "cifar-10-batches-py").mkdir()
     (tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
     (tmp_path / "no-scipy" / "scipy").mkdir(parents=True)
@@ -331,9 +336,13 @@ def test_a_row_whose_images_cannot_be_loaded_is_skipped_with_one_line(tmp_path):
     python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
                       f'PYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
-    code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,robustness", "--data", str(tmp_path / "d"), "--out",
+    code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,mrpc,mrpcglue,robustness", "--data", str(tmp_path / "d"), "--out",
                        str(tmp_path / "o"), python=python)
     assert code == 0, out
+    assert f"  skipped: mrpc/paper: {mrpc}/msr_paraphrase_train.txt is not a GLUE MRPC file: no column '#1 String'" \
+           in out and "[mrpc] language/mrpc-paper-3seeds: not run" in out
+    assert f"  skipped: mrpc/glue: {mrpc}/dev.tsv not found. Put the MRPC files" in out
+    assert "[mrpcglue] language/mrpc-4models-3seeds: not run" in out
     batch = tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1"
     assert out.count(f"  skipped: cifar10: {batch} is present but unreadable: its MD5 checksum is not") == 2
     assert "  skipped: svhn: --dataset svhn needs scipy, with which torchvision reads SVHN's .mat files: pip install " \
