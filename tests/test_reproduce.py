@@ -336,8 +336,8 @@ def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
     python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
                       f'PYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
-    code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,mrpc,mrpcglue,robustness", "--data", str(tmp_path / "d"), "--out",
-                       str(tmp_path / "o"), python=python)
+    code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,mrpc,mrpcglue,robustness", "--data",
+                       str(tmp_path / "d"), "--out", str(tmp_path / "o"), python=python)
     assert code == 0, out
     assert f"  skipped: mrpc/paper: {mrpc}/msr_paraphrase_train.txt is not a GLUE MRPC file: no column '#1 String'" \
            in out and "[mrpc] language/mrpc-paper-3seeds: not run" in out
