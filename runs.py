@@ -251,11 +251,12 @@ def cli(main, parse_args, argv=None):
             e = f"{e.strerror}: {e.filename}"
         print(f"{script}: {e}", file=sys.stderr)  # every rank: the error may be its own
         code = 2
-    except RuntimeError as e:  # torch's OutOfMemoryError is one
+    except RuntimeError as e:  # out of memory: torch's OutOfMemoryError (CUDA) or its CPU allocator's failure
         torch = sys.modules.get("torch")  # imported by every training script, not by report.py
-        if not (torch and isinstance(e, torch.OutOfMemoryError)):
+        if not ((torch and isinstance(e, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
             raise
-        code, message = 2, "out of memory; lower --batch-size (or the estimator's chunk)"
+        code, message = 2, ("out of memory; lower --batch-size (or the estimator's chunk), or the data's or the "
+                            "model's size")
     finally:
         signal.signal(signal.SIGTERM, previous)
         rank = ranks()[0]

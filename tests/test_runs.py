@@ -263,9 +263,9 @@ def test_divergence_rule(tmp_path, capsys):
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    """cli(): a normal run returns; ValueError / FileNotFoundError (as 'reason: file') / out of memory -> 2, a
-    diverged run -> 3, Ctrl-C -> 130, each with one line on stderr and metrics.json marked interrupted; any other
-    RuntimeError is a bug and keeps its traceback."""
+    """cli(): a normal run returns; ValueError / FileNotFoundError (as 'reason: file') / out of memory (a GPU's or a
+    CPU's) -> 2, a diverged run -> 3, Ctrl-C -> 130, each with one line on stderr and metrics.json marked interrupted;
+    any other RuntimeError is a bug and keeps its traceback."""
     def main_of(body):
         def main(args):
             return body()
@@ -284,7 +284,10 @@ def test_cli_exit_codes(tmp_path, capsys):
                              (lambda: open(tmp_path / "none.txt"), 2,
                               f"test_runs.py: No such file or directory: {tmp_path / 'none.txt'}\n"),
                              (lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")), 2,
-                              "test_runs.py: out of memory; lower --batch-size (or the estimator's chunk)\n"),
+                              "test_runs.py: out of memory; lower --batch-size (or the estimator's chunk), or the "
+                              "data's or the model's size\n"),
+                             (lambda: torch.empty(2**62, dtype=torch.uint8), 2,  # the CPU allocator's failure
+                              "test_runs.py: out of memory; lower --batch-size"),
                              (lambda: {"runs": {"vit/seed0": {"diverged": {"step": 3}}}}, 3, "vit/seed0"),
                              (interrupted, 130, "interrupted")]:
         with pytest.raises(SystemExit) as e:
