@@ -77,7 +77,12 @@ def load_model(name, random_weights, device):
     torch.manual_seed(0)  # --random-weights: the same random model in every run (the pretrained ones draw nothing)
     try:
         model = getattr(torchvision.models, name)(weights=None if random_weights else "DEFAULT")
-    except Exception as e:  # the weights cannot be downloaded offline
+    except Exception as e:  # the weights cannot be downloaded offline, or the file torch.hub keeps is damaged
+        url = torchvision.models.get_model_weights(name).DEFAULT.url
+        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
+        if os.path.exists(path):
+            raise ValueError(f"{path} is present but unreadable ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                             "delete it (torchvision then downloads it again) or replace it with a good copy") from None
         raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put them "
                                 "in $TORCH_HOME/hub/checkpoints (see torchvision.models), or use --random-weights"
                                 ) from None

@@ -5,6 +5,7 @@ runs the real architectures with random weights)."""
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -190,9 +191,11 @@ def test_the_subset_follows_data_seed_and_the_random_models_are_fixed(tmp_path):
     assert not a.training and all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_error_says_where(monkeypatch):
+def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_error_says_where(tmp_path,
+                                                                                                 monkeypatch):
     """Without --random-weights a model is torchvision's with its "DEFAULT" (best published) weights; where they
-    cannot be downloaded, one FileNotFoundError says where to put them."""
+    cannot be downloaded, one FileNotFoundError says where to put them, and where torch.hub's copy is there but cannot
+    be read, one ValueError names that file."""
     asked = []
 
     def convnext_tiny(weights):
@@ -202,11 +205,18 @@ def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_
         return nn.Linear(2, 2).train()
 
     monkeypatch.setattr(torchvision.models, "convnext_tiny", convnext_tiny)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))  # where torch.hub keeps downloaded weights
     with pytest.raises(FileNotFoundError, match=r"cannot get the convnext_tiny weights \(RuntimeError\); with no "
                                                 r"network put them in \$TORCH_HOME/hub/checkpoints"):
         imagenet.load_model("convnext_tiny", False, "cpu")
+    kept = tmp_path / "checkpoints" / "convnext_tiny-983f1562.pth"  # torchvision's file name for these weights
+    kept.parent.mkdir()
+    kept.write_text("not a checkpoint")  # there, but unreadable (a cut download, say): named, not "no network"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(kept))} is present but unreadable \(RuntimeError: "
+                                         r"<urlopen error .*>\); delete it \(torchvision then downloads it again\)"):
+        imagenet.load_model("convnext_tiny", False, "cpu")
     assert not imagenet.load_model("convnext_tiny", True, "cpu").training
-    assert asked == ["DEFAULT", None]
+    assert asked == ["DEFAULT", "DEFAULT", None]
 
 
 def test_the_headline_is_the_first_mask_at_the_first_sigma(tmp_path, monkeypatch):
