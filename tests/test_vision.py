@@ -1255,7 +1255,7 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
     the same models), each moved by |every patch - sampled| / s.e.; the times are the clock's (a stand-in), the
     sweep's as len(sigmas) times the check's. A move without error is 0 or infinitely many, and the summary counts
     the moves beyond 2. It refuses a checkpoint that is not the final model, a folder of two models, folders
-    without a ViT, a folder without metrics.json or checkpoint.pt, and --positions 0."""
+    without a ViT or with the ViT alone, a folder without metrics.json or checkpoint.pt, and --positions 0."""
     import sampled_positions
 
     def train(model, seed, *extra):
@@ -1336,6 +1336,8 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
         tool(every[2])
     with pytest.raises(SystemExit, match="no ViT among the folders: nothing to pair against"):
         tool(every[3])
+    with pytest.raises(SystemExit, match=r"^no model but vit among the folders: nothing to pair with it \(give the "):
+        tool(every[0], every[1])
     two = str(tmp_path / "vision" / "two")
     vision.main(vision.parse_args(["--dataset", "fake28", "--patch-size", "7", "--model", "vit", "mlp", "--epochs",
                                    "1", "--n-train", "20", "--n-test", "10", "--n-sens", "2", "--save-every", "1",

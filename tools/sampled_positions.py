@@ -76,6 +76,8 @@ def main():
     reference = next((m for m, _ in stored if m.startswith("vit")), None)
     if reference is None:
         sys.exit("no ViT among the folders: nothing to pair against")
+    if all(m == reference for m, _ in stored):
+        sys.exit(f"no model but {reference} among the folders: nothing to pair with it (give the other models' too)")
     full, part = paired_differences(stored, reference), paired_differences(sampled, reference)
     moves = []
     for model, d in full["models"].items():
