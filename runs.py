@@ -303,7 +303,7 @@ def get_device(name="auto"):
                          "cuda:<index>")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                         f"numbered from 0")
+                         "numbered from 0")
     return device
 
 
