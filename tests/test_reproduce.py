@@ -45,6 +45,21 @@ def gpu_check(*args):
                           text=True)
 
 
+def offline_python(folder, without_scipy=False):
+    """A python for reproduce.sh that can download nothing (through a proxy that refuses every connection, so that
+    a test never fetches a dataset online), and, if asked, cannot import scipy (installed or not)."""
+    path = ""
+    if without_scipy:
+        (folder / "no-scipy" / "scipy").mkdir(parents=True)
+        (folder / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
+        path = f"PYTHONPATH={folder / 'no-scipy'} "
+    python = folder / "python"
+    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
+                      f'{path}exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 def finish(*args, python=sys.executable):
     p = reproduce(*args, python=python)
     out, _ = p.communicate(timeout=1200)
@@ -297,11 +312,15 @@ def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
 
 
 def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
-    """At the gpu scale without the MRPC, ImageNet, CIFAR-10 or SVHN files: each row says which files to put where and
-    is skipped; the claims say it was not run; nothing fails."""
-    code, out = finish("gpu", "--only", "mrpc,imagenet,fig4", "--data", str(tmp_path / "none"), "--out",
-                       str(tmp_path / "o"))
+    """At the gpu scale without the MRPC, ImageNet, CIFAR-10, SVHN or Fashion-MNIST files: each row says which files
+    to put where and is skipped (torchvision cannot download Fashion-MNIST: the python here has a dead proxy); the
+    claims say it was not run; nothing fails."""
+    code, out = finish("gpu", "--only", "mrpc,imagenet,fig4,robustness", "--data", str(tmp_path / "none"), "--out",
+                       str(tmp_path / "o"), python=offline_python(tmp_path))
     assert code == 0, out
+    assert f"  skipped: fashionmnist: cannot load FashionMNIST from {tmp_path / 'none'} (" in out
+    assert f"skipped: needs CIFAR-10 (torchvision's files), for Fig. 9 at {tmp_path / 'none'}/cifar-10-batches-py" \
+           in out and "[robustness] robustness/fig9: not run" in out
     for name, path in [("cifar10", "cifar-10-batches-py"), ("svhn", "train_32x32.mat")]:
         assert f"skipped: needs {name} (torchvision's files) at {tmp_path / 'none'}/{path}" in out
         assert f"[fig4] vision/{name}-fig4: not run" in out
@@ -324,20 +343,14 @@ def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
             (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
             (tmp_path / "d" / folder / "raw" / f"{name}-ubyte").write_bytes(b"not an image file")
     (tmp_path / "d" / "train_32x32.mat").write_bytes(b"")
-    mrpc = tmp_path / "d" / "glue" / "MRPC"  # the paper's split with a file cut inside its header, GLUE's without dev
+    mrpc = tmp_path / "d" / "glue" / "MRPC"  # the paper's split with a header short of columns, GLUE's without dev
     mrpc.mkdir(parents=True)
     (mrpc / "msr_paraphrase_train.txt").write_text("Quality\t#1 ID\n1\tx\n")
     (mrpc / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta b\tc d\n")
     (tmp_path / "d" / "cifar-10-batches-py").mkdir()
     (tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
-    (tmp_path / "no-scipy" / "scipy").mkdir(parents=True)
-    (tmp_path / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
-                      f'PYTHONPATH={tmp_path / "no-scipy"} exec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
     code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,mrpc,mrpcglue,robustness", "--data",
-                       str(tmp_path / "d"), "--out", str(tmp_path / "o"), python=python)
+                       str(tmp_path / "d"), "--out", str(tmp_path / "o"), python=offline_python(tmp_path, True))
     assert code == 0, out
     assert f"  skipped: mrpc/paper: {mrpc}/msr_paraphrase_train.txt is not a GLUE MRPC file: no column '#1 String'" \
            in out and "[mrpc] language/mrpc-paper-3seeds: not run" in out
