@@ -39,8 +39,8 @@ def reproduce(*args, python=sys.executable, **kw):
                             env=dict(os.environ, PYTHON=str(python)), **kw)
 
 
-def gpu_check(*args):
-    env = dict(os.environ, PYTHON=sys.executable)
+def gpu_check(*args, python=sys.executable):
+    env = dict(os.environ, PYTHON=str(python))
     return subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *args], env=env, capture_output=True,
                           text=True)
 
@@ -444,15 +444,22 @@ def test_a_dry_run_prints_commands_that_every_script_accepts(tmp_path, scale):
 
 def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     """tools/gpu_check.sh (for a GPU lent for minutes): a step that is neither bench, tests, smoke nor ROW:JOBS, or a
-    ROW that reproduce.sh does not have, is refused in one line before anything runs; with too little of its budget left
-    it starts no row and no test (a `timeout` of 0 s or less would run them unbounded, or fail), and still packs what it
-    has; the CUDA tests run only with `tests`."""
+    ROW that reproduce.sh does not have, or a python without torch, is refused in one line before anything runs; with
+    too little of its budget left it starts no row and no test (a `timeout` of 0 s or less would run them unbounded, or
+    fail), and still packs what it has; the CUDA tests run only with `tests`."""
     bad = gpu_check("60", str(tmp_path / "a"), "vision3k")
     assert bad.returncode == 2 and "a step is bench, tests, smoke or ROW:JOBS" in bad.stderr
     assert "got vision3k" in bad.stderr
     bad = gpu_check("60", str(tmp_path / "a"), "mnist01:2", "nope:3")  # before anything runs, not minutes later
     assert (bad.returncode, bad.stdout) == (2, "") and not (tmp_path / "a").exists()
     assert bad.stderr == "reproduce.sh: --only nope: no such row (bash reproduce.sh --list)\n"
+    python = tmp_path / "python"  # this interpreter without its site-packages: no torch, and every step would fail
+    python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -S "$@"\n')
+    python.chmod(0o755)
+    bad = gpu_check("60", str(tmp_path / "a"), "mnist01:2", python=python)
+    assert (bad.returncode, bad.stdout) == (2, "") and not (tmp_path / "a").exists()
+    assert bad.stderr == f"gpu_check.sh: '{python}' has no torch; set PYTHON=/path/to/python (the README's " \
+                         "environment)\n"
     res = tmp_path / "b"
     short = gpu_check("40", str(res), "imagenet:1")
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout

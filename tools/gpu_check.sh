@@ -35,6 +35,8 @@ for step in "$@"; do
 done
 python=${PYTHON:-python3}
 [[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: BUDGET_S must be a whole number of seconds" >&2; exit 2; }
+"$python" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('torch'))" 2> /dev/null || {
+  echo "gpu_check.sh: '$python' has no torch; set PYTHON=/path/to/python (the README's environment)" >&2; exit 2; }
 if [ ${#rows[@]} -gt 0 ]; then  # a row that reproduce.sh does not have: said now, not in its log minutes later
   names=""
   for spec in "${rows[@]}"; do names+="${spec%:*},"; done
