@@ -180,19 +180,22 @@ need() {  # need PATH WHAT: false, with one line, when a dataset is missing (the
 }
 
 declare -A loads=()  # dataset -> "" once it loaded, else why not (each dataset checked once per reproduce.sh)
-have() {  # have DATASET: true when vision.py can load it (torchvision downloads it now if missing), or for TASK/SPLIT
-  # (mrpc/paper, mrpc/glue, qqp/glue) when language.py can read its GLUE files; else one line, and the row is skipped
-  # rather than each of its runs failing. At the smoke scale and in --dry-run, true
+have() {  # have DATASET: true when vision.py can load it (torchvision downloads it now if missing), for TASK/SPLIT
+  # (mrpc/paper, mrpc/glue, qqp/glue) when language.py can read its GLUE files, for frost when robustness.py can read
+  # its textures; else one line, and the row (or frost) is skipped rather than each of its runs failing. At the smoke
+  # scale and in --dry-run, true
   local why
   { [ "$scale" = smoke ] || [ -n "$dry" ]; } && return 0
   if [ -z "${loads[$1]+x}" ]; then
-    why=$("$python" -c 'import os, sys, glue, vision
+    why=$("$python" -c 'import os, sys, corruptions, glue, vision
 name, data = sys.argv[1:]
 try:
     if "/" in name:  # a GLUE task and split, read as language.py reads them
         task, split = name.split("/")
         for f in glue.SPLITS[task][split]:
             glue.read_tsv(os.path.join(data, "glue", task.upper(), f), task)
+    elif name == "frost":  # the six textures of the release that frost is generated with
+        corruptions.load_frost(os.path.join(data, "frost"))
     else:
         vision.load_dataset(name, data, "cpu")
 except (OSError, ValueError) as e:
@@ -412,8 +415,10 @@ do_qqp() {
 row robustness 27.5 "Sec. 7.1-7.2, Table 2: the regulariser, corruption accuracy, sharpness (3 seeds; gpu: Fig. 9 too)"
 do_robustness() {
   local frost="" c
-  [ -d "$data/frost" ] && frost="--frost-dir $data/frost" || echo "  note: no $data/frost (the six" \
-    "frost textures of github.com/hendrycks/robustness, ImageNet-C/create_c/): corruption means over 14, not the README's 15"
+  if [ ! -d "$data/frost" ]; then echo "  note: no $data/frost (the six frost textures of" \
+    "github.com/hendrycks/robustness, ImageNet-C/create_c/): corruption means over 14, not the README's 15"
+  elif have frost; then frost="--frost-dir $data/frost"  # else one line: frost is left out, as without the folder
+  fi
   c="$fmnist --model vit --n-train 3000 --eval-every 5 --depth 4 --heads 4 --dim-head 16 --patch-size 7 --sigma 1
     --n-corrupt 2000 --n-sens 2000 $needed $frost"
   if have fashionmnist; then

@@ -333,11 +333,12 @@ def test_a_row_whose_data_is_missing_is_skipped_with_one_line(tmp_path):
 
 def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
     """A Fashion-MNIST or MNIST row loads its dataset once first (torchvision downloads what is missing): where that
-    fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to
-    fail; the MRPC rows read their GLUE files first, as language.py does, and are skipped on a damaged one or a missing
-    one; the robustness row still gets to Fig. 9, skipped too, as is Fig. 4, on a damaged CIFAR-10 file (the python
-    here has a proxy that refuses every download, so that torchvision cannot replace it). So is Fig. 4's SVHN, whose
-    file is there but cannot be read without scipy (hidden from that python, installed or not)."""
+    fails, here on damaged files, it says why in one line and is skipped, and its runs do not start one by one to fail;
+    the MRPC rows read their GLUE files first, as language.py does, and are skipped on a damaged one or a missing one;
+    the robustness row says why it leaves frost out (its textures' folder is empty) and still gets to Fig. 9, skipped
+    too, as is Fig. 4, on a damaged CIFAR-10 file (the python here has a proxy that refuses every download, so that
+    torchvision cannot replace it). So is Fig. 4's SVHN, whose file is there but cannot be read without scipy (hidden
+    from that python, installed or not)."""
     for folder in ["FashionMNIST", "MNIST"]:
         for name in ["train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1"]:
             (tmp_path / "d" / folder / "raw").mkdir(parents=True, exist_ok=True)
@@ -347,6 +348,7 @@ def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
     mrpc.mkdir(parents=True)
     (mrpc / "msr_paraphrase_train.txt").write_text("Quality\t#1 ID\n1\tx\n")
     (mrpc / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta b\tc d\n")
+    (tmp_path / "d" / "frost").mkdir()  # the textures' folder without its six files: frost is left out
     (tmp_path / "d" / "cifar-10-batches-py").mkdir()
     (tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
     code, out = finish("gpu", "--only", "vision3k,mnist01,fig4,mrpc,mrpcglue,robustness", "--data",
@@ -356,6 +358,8 @@ def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
            in out and "[mrpc] language/mrpc-paper-3seeds: not run" in out
     assert f"  skipped: mrpc/glue: {mrpc}/dev.tsv not found. Put the MRPC files" in out
     assert "[mrpcglue] language/mrpc-4models-3seeds: not run" in out
+    assert "  skipped: frost: frost needs the six frost images of Hendrycks' release (frost1.png, " in out
+    assert f"(--frost-dir); {tmp_path}/d/frost/frost1.png is missing\n" in out
     batch = tmp_path / "d" / "cifar-10-batches-py" / "data_batch_1"
     assert out.count(f"  skipped: cifar10: {batch} is present but unreadable: its MD5 checksum is not") == 2
     assert "  skipped: svhn: --dataset svhn needs scipy, with which torchvision reads SVHN's .mat files: pip install " \
