@@ -15,9 +15,11 @@
 # torchvision and language.py read them: FashionMNIST/, MNIST/, glue/MRPC/ and frost/ (the six frost textures of
 # github.com/hendrycks/robustness, ImageNet-C/create_c/; without them the robustness row leaves frost out) (cpu); also
 # cifar-10-batches-py/, train_32x32.mat and test_32x32.mat (SVHN), glue/QQP/, imagenet/train/ (an ImageFolder),
-# CIFAR-10-C/ where present (gpu).
+# CIFAR-10-C/ where present (gpu). Without --data and --out: the repository's data/ and out/; a relative DIR given is
+# taken from the folder reproduce.sh is called in.
 [ -n "${BASH_VERSION:-}" ] || { echo "reproduce.sh: run it with bash (bash reproduce.sh ...), not sh" >&2; exit 2; }
 set -euo pipefail
+here=$PWD  # where it was called from: a relative --data or --out is taken from here, not from the repository
 cd "$(dirname "$0")"
 (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 403 )) || {  # declare -A and wait -n (macOS ships bash 3.2)
   echo "reproduce.sh: needs bash >= 4.3, this is $BASH_VERSION (macOS: brew install bash, and run it with that)" >&2
@@ -39,8 +41,8 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
-    --data) data=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
+    --data) data=$2; [[ $data = /* ]] || data=$here/$data; shift 2 ;;
+    --out) out=$2; [[ $out = /* ]] || out=$here/$out; shift 2 ;;
     *) echo "reproduce.sh: unknown argument $1 (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only ROW,ROW]" \
             "[--data DIR] [--out DIR] [--dry-run], or --list [--only ROW,ROW])" >&2; exit 2 ;;
   esac

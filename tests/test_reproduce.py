@@ -371,6 +371,21 @@ def test_a_row_whose_data_cannot_be_read_is_skipped_with_one_line(tmp_path):
     assert "[vision3k] vision/fmnist-3k: not run" in out and not (tmp_path / "o" / "vision").exists()
 
 
+def test_a_relative_data_or_out_folder_is_taken_from_where_it_is_called(tmp_path):
+    """reproduce.sh runs its scripts from the repository, but a relative --data or --out means the folder it was
+    called in (as any command's paths do), and without them it uses the repository's data/ and out/."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    script = os.path.join(ROOT, "reproduce.sh")
+    there = subprocess.run(["bash", script, "cpu", "--dry-run", "--only", "synthetic", "--data", "d", "--out", "o"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert there.returncode == 0 and f"data {tmp_path}/d, results {tmp_path}/o\n" in there.stdout, there.stdout
+    assert f"--out-dir {tmp_path}/o --run-name cases" in there.stdout
+    assert f"report.py --claims {tmp_path}/o" in there.stdout
+    default = subprocess.run(["bash", script, "cpu", "--dry-run", "--only", "synthetic"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+    assert "data data, results out\n" in default.stdout and " --out-dir out --run-name cases" in default.stdout
+
+
 def dry_run(scale, data, out):
     """`bash reproduce.sh SCALE --dry-run`: its text, and its runs and merges in order as (kind, name, argv)."""
     code, text = finish(scale, "--dry-run", "--data", str(data), "--out", str(out))
