@@ -54,8 +54,8 @@ def offline_python(folder, without_scipy=False):
         (folder / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
         path = f"PYTHONPATH={folder / 'no-scipy'} "
     python = folder / "python"
-    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9\n'
-                      f'{path}exec {shlex.quote(sys.executable)} "$@"\n')
+    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9 no_proxy= '
+                      f'NO_PROXY=\n{path}exec {shlex.quote(sys.executable)} "$@"\n')  # (no host bypasses it)
     python.chmod(0o755)
     return python
 
