@@ -1333,11 +1333,13 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
         v.mul_(0.5)
     torch.save(state, ckpt)
     with pytest.raises(SystemExit, match="its checkpoint does not give the stored sensitivity .*: not the final mod"):
-        tool(every[2])
+        tool(every[0], every[2])  # (an MLP alone would be refused first: no ViT to pair it with)
+    measured = len(calls)
     with pytest.raises(SystemExit, match="no ViT among the folders: nothing to pair against"):
         tool(every[3])
     with pytest.raises(SystemExit, match=r"^no model but vit among the folders: nothing to pair with it \(give the "):
         tool(every[0], every[1])
+    assert len(calls) == measured  # both refused before any folder is measured
     two = str(tmp_path / "vision" / "two")
     vision.main(vision.parse_args(["--dataset", "fake28", "--patch-size", "7", "--model", "vit", "mlp", "--epochs",
                                    "1", "--n-train", "20", "--n-test", "10", "--n-sens", "2", "--save-every", "1",

@@ -162,8 +162,9 @@ TARGETS = {
                                 "claims_tool_on_a_folder_report_py_refuses_says_why_in_one_line",
                                 "claims_tool_help_shows_its_examples_and_every_flag"]]),
     # what a sampled patch mask would do to the vision rows (RESULTS: why --sens-positions is not used)
-    "tools/sampled_positions.py": (["remeasure", "main"], ["tests/test_vision.py::test_the_sampled_positions_tool_"
-                                                          "gives_what_a_run_sampling_those_positions_stores"]),
+    "tools/sampled_positions.py": (["stored_run", "remeasure", "main"],
+                                   ["tests/test_vision.py::test_the_sampled_positions_tool_"
+                                    "gives_what_a_run_sampling_those_positions_stores"]),
     # how close the generated corruptions are to the release's generator (its side needs the release's libraries)
     "tools/cifar_c_fidelity.py": (["ours", "draws_of", "replaying", "replayed", "sharpness", "same_order", "table",
                                    "compare", "fixture", "main"], ["tests/test_corruptions.py"]),

@@ -28,9 +28,8 @@ from common import paired_differences  # noqa: E402
 from runs import positive_int  # noqa: E402
 
 
-def remeasure(folder, positions):
-    """(model, seed, stored per-image flips, sampled per-image flips, seconds of one stored sigma, of the sampled
-    sweep) of one run folder."""
+def stored_run(folder):
+    """(name, run record) of a one-model run folder saved with its checkpoint; anything else is one line."""
     for need in ["metrics.json", "checkpoint.pt"]:
         if not os.path.isfile(os.path.join(folder, need)):
             sys.exit(f"{folder}: no {need}: not a vision.py run folder saved with its checkpoint (--save-every)")
@@ -39,6 +38,12 @@ def remeasure(folder, positions):
     if len(data["runs"]) != 1:
         sys.exit(f"{folder}: {len(data['runs'])} models in one folder; the checkpoint holds the last one only")
     (name, run), = data["runs"].items()
+    return name, run
+
+
+def remeasure(folder, name, run, positions):
+    """(stored per-image flips, sampled per-image flips, seconds of one stored sigma, of the sampled sweep) of the
+    run `name` of one run folder (stored_run's)."""
     args = vision.parse_args(["--resume", folder])
     images = vision.prepare_data(args, torch.device("cpu"))
     channels, size, classes, _ = vision.DATASETS[args.dataset]
@@ -59,7 +64,7 @@ def remeasure(folder, positions):
     sampled = {f"patch:{s:g}": v.per_input.tolist() for (_, s), v in sampled.items()}
     print(f"{folder}: {name} checked; {len(sigmas)} sigmas: every patch about {one * len(sigmas):.0f} s, "
           f"{positions} sampled {took:.0f} s", flush=True)
-    return run["model"], run["seed"], stored, sampled, one * len(sigmas), took
+    return stored, sampled, one * len(sigmas), took
 
 
 def main():
@@ -68,16 +73,17 @@ def main():
     p.add_argument("--positions", type=positive_int, default=8, help="patches sampled per image and sigma")
     args = p.parse_args()
     torch.set_num_threads(1)
-    stored, sampled, before, after = {}, {}, 0.0, 0.0
-    for folder in args.folders:
-        model, seed, a, b, t_all, t_sampled = remeasure(folder, args.positions)
-        stored[model, seed], sampled[model, seed] = a, b
-        before, after = before + t_all, after + t_sampled
-    reference = next((m for m, _ in stored if m.startswith("vit")), None)
+    runs = [stored_run(folder) for folder in args.folders]  # every refusal before minutes of measuring
+    reference = next((run["model"] for _, run in runs if run["model"].startswith("vit")), None)
     if reference is None:
         sys.exit("no ViT among the folders: nothing to pair against")
-    if all(m == reference for m, _ in stored):
+    if all(run["model"] == reference for _, run in runs):
         sys.exit(f"no model but {reference} among the folders: nothing to pair with it (give the other models' too)")
+    stored, sampled, before, after = {}, {}, 0.0, 0.0
+    for folder, (name, run) in zip(args.folders, runs):
+        a, b, t_all, t_sampled = remeasure(folder, name, run, args.positions)
+        stored[run["model"], run["seed"]], sampled[run["model"], run["seed"]] = a, b
+        before, after = before + t_all, after + t_sampled
     full, part = paired_differences(stored, reference), paired_differences(sampled, reference)
     moves = []
     for model, d in full["models"].items():
