@@ -81,8 +81,9 @@ def load_model(name, random_weights, device):
         url = torchvision.models.get_model_weights(name).DEFAULT.url
         path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
         if os.path.exists(path):
-            raise ValueError(f"{path} is present but unreadable ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                             "delete it (torchvision then downloads it again) or replace it with a good copy") from None
+            why = ": ".join([type(e).__name__] + str(e).splitlines()[:1])  # (an error may carry no message)
+            raise ValueError(f"{path} is present but unreadable ({why}); delete it (torchvision then downloads it "
+                             "again) or replace it with a good copy") from None
         raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put them "
                                 "in $TORCH_HOME/hub/checkpoints (see torchvision.models), or use --random-weights"
                                 ) from None

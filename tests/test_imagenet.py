@@ -215,6 +215,10 @@ def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_
     with pytest.raises(ValueError, match=rf"^{re.escape(str(kept))} is present but unreadable \(RuntimeError: "
                                          r"<urlopen error .*>\); delete it \(torchvision then downloads it again\)"):
         imagenet.load_model("convnext_tiny", False, "cpu")
+    monkeypatch.setattr(torchvision.models, "convnext_tiny", lambda weights: (_ for _ in ()).throw(EOFError()))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(kept))} is present but unreadable \(EOFError\); delete"):
+        imagenet.load_model("convnext_tiny", False, "cpu")  # an error without a message (an empty file's)
+    monkeypatch.setattr(torchvision.models, "convnext_tiny", convnext_tiny)
     assert not imagenet.load_model("convnext_tiny", True, "cpu").training
     assert asked == ["DEFAULT", "DEFAULT", None]
 
