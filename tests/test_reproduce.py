@@ -45,19 +45,24 @@ def gpu_check(*args, python=sys.executable):
                           text=True)
 
 
+def python_wrapper(folder, before="", flags=""):
+    """folder/python, a PYTHON for reproduce.sh or gpu_check.sh: a bash script that runs the shell lines `before`,
+    then this interpreter with `flags`."""
+    python = folder / "python"
+    python.write_text(f'#!/bin/bash\n{before}exec {shlex.quote(sys.executable)} {flags} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 def offline_python(folder, without_scipy=False):
     """A python for reproduce.sh that can download nothing (through a proxy that refuses every connection, so that
     a test never fetches a dataset online), and, if asked, cannot import scipy (installed or not)."""
-    path = ""
+    before = "export https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9 no_proxy= NO_PROXY=\n"  # no bypass
     if without_scipy:
         (folder / "no-scipy" / "scipy").mkdir(parents=True)
         (folder / "no-scipy" / "scipy" / "__init__.py").write_text("raise ImportError('no scipy here')\n")
-        path = f"PYTHONPATH={folder / 'no-scipy'} "
-    python = folder / "python"
-    python.write_text(f'#!/bin/bash\nexport https_proxy=http://127.0.0.1:9 http_proxy=http://127.0.0.1:9 no_proxy= '
-                      f'NO_PROXY=\n{path}exec {shlex.quote(sys.executable)} "$@"\n')  # (no host bypasses it)
-    python.chmod(0o755)
-    return python
+        before += f"export PYTHONPATH={folder / 'no-scipy'}\n"
+    return python_wrapper(folder, before)
 
 
 def finish(*args, python=sys.executable):
@@ -178,10 +183,7 @@ def test_a_run_is_marked_done_when_it_ends_not_when_its_row_does(tmp_path):
     seed 1's run, which ends first, is marked done while seed 0's still runs (held back 8 s here). Taken later, as
     before, a run that ended hours earlier could lose its status (bash forgets it once one of its own later children
     gets the same pid) and be reported FAILED, exit 127, with its merge not made."""
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/bash\ncase "$*" in *mnist01-seed0*) sleep 8 ;; esac\n'
-                      f'exec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
+    python = python_wrapper(tmp_path, 'case "$*" in *mnist01-seed0*) sleep 8 ;; esac\n')
     p = subprocess.run(["bash", os.path.join(ROOT, "reproduce.sh"), "smoke", "--only", "mnist01", "--jobs", "2",
                         "--out", str(tmp_path / "out")], cwd=ROOT, env=dict(os.environ, PYTHON=str(python)),
                        text=True, capture_output=True, timeout=600)
@@ -300,9 +302,7 @@ def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path, ar
 def test_a_python_without_torch_is_refused_with_one_line(tmp_path):
     """PYTHON (or python on the PATH) without torch: one line that says how to point reproduce.sh at the README's
     environment, exit 2, before any row starts."""
-    python = tmp_path / "python"  # this interpreter without its site-packages
-    python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -S "$@"\n')
-    python.chmod(0o755)
+    python = python_wrapper(tmp_path, flags="-S")  # this interpreter without its site-packages
     p = reproduce("smoke", "--only", "synthetic", "--out", str(tmp_path / "out"), python=python,
                   stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=60)
@@ -472,9 +472,7 @@ def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     bad = gpu_check("60", str(tmp_path / "a"), "mnist01:2", "nope:3")  # before anything runs, not minutes later
     assert (bad.returncode, bad.stdout) == (2, "") and not (tmp_path / "a").exists()
     assert bad.stderr == "reproduce.sh: --only nope: no such row (bash reproduce.sh --list)\n"
-    python = tmp_path / "python"  # this interpreter without its site-packages: no torch, and every step would fail
-    python.write_text(f'#!/bin/bash\nexec {shlex.quote(sys.executable)} -S "$@"\n')
-    python.chmod(0o755)
+    python = python_wrapper(tmp_path, flags="-S")  # without its site-packages: no torch, every step would fail
     bad = gpu_check("60", str(tmp_path / "a"), "mnist01:2", python=python)
     assert (bad.returncode, bad.stdout) == (2, "") and not (tmp_path / "a").exists()
     assert bad.stderr == f"gpu_check.sh: '{python}' has no torch; set PYTHON=/path/to/python (the README's " \
