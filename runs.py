@@ -149,6 +149,7 @@ def run_name(text):
 
 
 RESUME_FLAGS = {"--resume", "--threads", "--device", "--progress-every"}
+REPEATABLE = {"mlp_hidden", "lr"}  # list flags whose values may repeat: widths, and per-model rates (last wins)
 
 
 def parse(p, script, argv=None):
@@ -156,6 +157,9 @@ def parse(p, script, argv=None):
     flag the script gained since the run started takes its default. Other flags than --threads and --device are
     refused beside --resume (and --progress-every): the run continues with the flags it was started with."""
     args = p.parse_args(argv)
+    for key, values in vars(args).items():  # --seeds 0 0 would train seed 0 twice and report one seed
+        if isinstance(values, list) and key not in REPEATABLE and len(set(values)) < len(values):
+            p.error(f"--{key.replace('_', '-')} lists {next(v for v in values if values.count(v) > 1)} twice")
     if not args.resume:
         return args
     argv = sys.argv[1:] if argv is None else argv

@@ -147,6 +147,11 @@ BAD = [
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
     ("grokking", ["--p", "1"], "--p must be >= 2, got 1"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
+    # a list flag's repeated value would run (or measure) the same thing twice and keep one, reporting fewer seeds
+    ("synthetic", ["--seeds", "0", "1", "0"], "--seeds lists 0 twice"),
+    ("vision", ["--model", "vit", "cnn", "vit"], "--model lists vit twice"),
+    ("vision", ["--sigma", "0.1", "1e-1"], "--sigma lists 0.1 twice"),
+    ("robustness", ["--corruptions", "fog", "fog"], "--corruptions lists fog twice"),
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
     ("bench", ["--only", "estimator,"], "--only: no benchmark group '' (choose from estimator,"),  # a stray comma
 ]
@@ -157,6 +162,12 @@ def test_bad_input_is_one_line_and_exit_code_2(script, argv, message, capsys, tm
     code, err = run(script, argv + ["--out-dir", str(tmp_path)] * (script not in ("bench", "report")), capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_list_flags_whose_values_may_repeat_take_them():
+    """Hidden widths may repeat, and per-model rates too (the last that names a model wins): not refused as runs."""
+    args = vision.parse_args(["--mlp-hidden", "64", "64", "--lr", "0.1", "cnn=0.05", "0.1"])
+    assert args.mlp_hidden == [64, 64] and vision.learning_rate("cnn", args) == 0.1
 
 
 def test_resuming_a_folder_whose_metrics_json_is_corrupt_is_one_line(tmp_path, capsys):
