@@ -141,6 +141,7 @@ BAD = [
     ("parity", ["--mlp-dim", "0"], "--mlp-dim must be an integer >= 1"),
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
+    ("language", ["--model", "lstm", "--attn", "relu"], "--attn relu is the transformers' attention: --model lstm"),
     ("language", ["--sens-positions", "0"], "--sens-positions must be an integer >= 1"),
     ("language", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("vision", ["--sens-during", "never"], "invalid choice: 'never'"),
