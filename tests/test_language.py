@@ -223,9 +223,9 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
     """--download fetches the task's files into --data-dir first; --sens-test with more --n-sens than test pairs is an
     error naming the flag; the fake task is 400 training and 100 test pairs, none shared, of 50 words, labelled by
     whether the second sentence starts with the first one's first word; the paired differences reach metrics.json on
-    disk and the summary is printed at the end (the data and each model's size at the start). Its progress lines count
-    epochs of 13 steps (400 pairs, 32 a step), and name the README's MRPC protocol where a run is over an hour on a
-    CPU."""
+    disk and the summary is printed at the end (the data and each model's size at the start, a line per evaluation
+    between). Its progress lines count epochs of 13 steps (400 pairs, 32 a step), and name the README's MRPC protocol
+    where a run is over an hour on a CPU."""
     asked, made = [], []
     real = runs.Results.progress
     monkeypatch.setattr(runs.Results, "progress", lambda self, *a, **kw: made.append(kw) or real(self, *a, **kw))
@@ -260,6 +260,8 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
         "vocabulary " in out  # then each model's size, once
     for run in ["lstm/seed0", "gpt2-softmax/seed0"]:
         assert len(re.findall(f"^{run}: [0-9]+[.][0-9][0-9]M parameters$", out, re.M)) == 1, run
+        lines = [line for line in out.splitlines() if line.startswith(f"{run.split('/')[0]}/seed0 step ")]
+        assert len(lines) == len(data["runs"][run]["history"]) and all(" | sens " in line for line in lines), run
     assert "\nwrote " in out and "sensitivity.png" in out  # the figures' paths
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
     assert data["data"]["test_majority"] == 0.55  # of these test pairs (0.56 of fake_pairs(100, 0), say)
