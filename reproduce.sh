@@ -453,6 +453,9 @@ ids=",$(for r in "${ROWS[@]}"; do printf '%s,' "${r%%|*}"; done)"
 for id in ${only//,/ }; do
   [[ $ids == *",$id,"* ]] || { echo "reproduce.sh: --only $id: no such row (bash reproduce.sh --list)" >&2; exit 2; }
 done
+if [ -n "$only" ] && [ -z "${only//,/}" ]; then  # --only "" or --only ,: no row, which would run none and succeed
+  echo "reproduce.sh: --only names no row (bash reproduce.sh --list)" >&2; exit 2
+fi
 if [ -n "$list" ]; then  # with --only: those rows alone, and their total
   total=0
   for r in "${ROWS[@]}"; do

@@ -267,7 +267,7 @@ def test_a_bash_older_than_4_3_is_refused_in_one_line(version, refused):
 
 def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_path):
     """--list: every row with its CPU minutes and the total (with --only, those rows' alone); --only with a row that
-    does not exist is refused, and a flag without its value too."""
+    does not exist is refused, an --only that names no row and a flag without its value too."""
     code, out = finish("--list")
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines()[:-1]]
@@ -282,6 +282,9 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     assert float(out.splitlines()[-1].split()[1]) == pytest.approx(minutes["parity"] + minutes["mrpc"])
     code, out = finish("cpu", "--only")  # a flag without its value: one line, not bash's "unbound variable"
     assert code == 2 and out == "reproduce.sh: --only needs a value\n"
+    for empty in ["", ","]:  # no row at all: refused, not a reproduction of nothing that ends with exit 0
+        code, out = finish("cpu", "--dry-run", "--only", empty)
+        assert code == 2 and out == "reproduce.sh: --only names no row (bash reproduce.sh --list)\n", out
 
 
 @pytest.mark.parametrize("args, says", [
