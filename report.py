@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from runs import RUN_FLAGS, ArgumentParser, cli, ended, load_results, new_run_dir, run_name, write_json
+from runs import RUN_FLAGS, ArgumentParser, cli, ended, given, load_results, new_run_dir, run_name, write_json
 
 SCRIPTS = ["synthetic", "vision", "imagenet", "language", "robustness", "grokking", "parity"]
 
@@ -969,6 +969,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if bool(args.folders) == bool(args.claims):
         p.error("give run folders, or --claims OUT")
+    if args.claims and args.times:
+        p.error("--claims and --times are two reports: give one")
+    merging = [flag for flag in ("--out-dir", "--run-name", "--vary") if given(argv, flag)]
+    if merging and (args.claims or args.times or len(args.folders) == 1):  # else taken in silence, nothing merged
+        what = "--claims" if args.claims else "--times" if args.times else "one folder, which is redrawn in place"
+        p.error(f"{' and '.join(merging)} {'are' if len(merging) > 1 else 'is'} for merging two or more folders, "
+                f"not for {what}")
     for f in args.folders + ([args.claims] if args.claims else []):
         if not os.path.exists(f):
             p.error(f"{f}: no such run folder or metrics.json")

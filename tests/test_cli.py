@@ -90,6 +90,13 @@ BAD = [
     ("synthetic", ["--device", "mps"], "--device 'mps' is not a device these scripts run on: use auto, cpu, cuda"),
     ("grokking", ["--device", "meta"], "--device 'meta' is not a device these scripts run on"),  # no values to train
     ("report", ["/no/such/run"], "/no/such/run: no such run folder"),
+    # a merge's flags beside one folder, --times or --claims would be taken in silence, nothing merged
+    ("report", ["/no/run", "--vary", "model"], "--vary is for merging two or more folders, not for one folder, which"),
+    ("report", ["--times", "/a", "/b", "--out-dir", "x", "--run-name", "y"], "--out-dir and --run-name are for "
+     "merging two or more folders, not for --times"),
+    ("report", ["--claims", "out", "--run-name", "y"], "--run-name is for merging two or more folders, not for "
+     "--claims"),
+    ("report", ["--claims", "out", "--times"], "--claims and --times are two reports: give one"),
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
     ("imagenet", ["--imagenet-dir", imagenet.__file__], f"--imagenet-dir {imagenet.__file__}: no such folder"),
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
