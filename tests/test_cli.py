@@ -160,6 +160,7 @@ BAD = [
     ("vision", ["--model", "vit", "cnn", "vit"], "--model lists vit twice"),
     ("vision", ["--sigma", "0.1", "1e-1"], "--sigma lists 0.1 twice"),
     ("robustness", ["--corruptions", "fog", "fog"], "--corruptions lists fog twice"),
+    ("vision", ["--match-acc", "0.5", "0.9", "0.9"], "--match-acc lists 0.9 twice"),  # the flag as typed
     ("bench", ["--only", "estimator,gpu"], "--only: no benchmark group gpu"),
     ("bench", ["--only", "estimator,"], "--only: no benchmark group '' (choose from estimator,"),  # a stray comma
 ]
