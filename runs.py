@@ -155,9 +155,10 @@ REPEATABLE = {"mlp_hidden", "lr"}  # list flags whose values may repeat: widths,
 def parse(p, script, argv=None):
     """p.parse_args(argv); with --resume FOLDER, parsed again with that run's saved arguments as the defaults, so a
     flag the script gained since the run started takes its default. Other flags than --threads and --device are
-    refused beside --resume (and --progress-every): the run continues with the flags it was started with."""
+    refused beside --resume (and --progress-every): the run continues with the flags it was started with. A list
+    flag may not name a value twice (but those in REPEATABLE)."""
     args = p.parse_args(argv)
-    for key, values in vars(args).items():  # --seeds 0 0 would train seed 0 twice and report one seed
+    for key, values in vars(args).items():  # --seeds 0 0 would train seed 0 twice and report "1 seed"
         if isinstance(values, list) and key not in REPEATABLE and len(set(values)) < len(values):
             p.error(f"--{key.replace('_', '-')} lists {next(v for v in values if values.count(v) > 1)} twice")
     if not args.resume:
