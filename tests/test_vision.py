@@ -223,9 +223,9 @@ def test_learning_rates_per_model():
 @pytest.mark.slow
 def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
     """One epoch of two models, two sigmas and the global variant: metrics.json with the documented keys, figures, and
-    the summary printed at the end (the data and each model's size at the start). Each evaluation records the seconds
-    since its run started: growing, and within the test's own wall time. The progress hears of every step, the
-    checkpoints of every epoch's end."""
+    the summary printed at the end (the data and each model's size at the start, a line per evaluation between). Each
+    evaluation records the seconds since its run started: growing, and within the test's own wall time. The progress
+    hears of every step, the checkpoints of every epoch's end."""
     calls = loop_calls(monkeypatch)
     argv = ["--dataset", "fake28", "--model", "vit", "mlp", "--epochs", "1", "--eval-every", "1", "--n-train", "100",
             "--n-test", "50", "--n-sens", "10", "--sigma", "0.1", "1", "--mask", "patch", "global",
@@ -254,8 +254,10 @@ def test_end_to_end_on_fake_data(tmp_path, capsys, monkeypatch):
     assert calls["progress"] == [(0, 1, 1)] * 4  # from step 0, one step, evaluating every epoch of one step
     assert calls["tick"] == [(0, True), (1, True)] * 4  # 4 runs of one step (100 images), both evaluated
     assert calls["checkpoint"] == [(0, True, 0), (1, True, 0)] * 4  # the epochs 0 and 1
-    for run in data["runs"].values():
+    for name, run in data["runs"].items():
         assert 0 <= run["history"][0]["time"] <= run["history"][1]["time"] <= wall
+        lines = [line for line in out.splitlines() if line.startswith(f"{name} epoch ")]  # one per evaluation
+        assert len(lines) == len(run["history"]) and all(" | sens " in line for line in lines), name
     for png in ["sensitivity.png", "sigma_sweep.png", "sensitivity_maps.png"]:
         assert (folder / png).stat().st_size > 5000
     assert (folder / "vit-seed0.pt").exists()
