@@ -260,7 +260,7 @@ def test_main_downloads_when_asked_checks_sens_test_and_saves_the_pairs(tmp_path
         "vocabulary " in out  # then each model's size, once
     for run in ["lstm/seed0", "gpt2-softmax/seed0"]:
         assert len(re.findall(f"^{run}: [0-9]+[.][0-9][0-9]M parameters$", out, re.M)) == 1, run
-        lines = [line for line in out.splitlines() if line.startswith(f"{run.split('/')[0]}/seed0 step ")]
+        lines = [line for line in out.splitlines() if line.startswith(f"{run} step ")]
         assert len(lines) == len(data["runs"][run]["history"]) and all(" | sens " in line for line in lines), run
     assert "\nwrote " in out and "sensitivity.png" in out  # the figures' paths
     assert data["data"]["n_train"] == 400 and data["data"]["n_test"] == 100
