@@ -14,8 +14,8 @@ import torch
 
 import report
 from common import gaussian, patchify, sensitivity, unpatchify
-from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, parse, positive_int, seed, setup,
-                  start_run, subset_size)
+from runs import (ArgumentParser, Run, add_run_flags, cli, error_line, nonnegative_float, parse, positive_int, seed,
+                  setup, start_run, subset_size)
 
 MODELS = ["convnext_tiny", "vit_l_16"]
 SWEEP = [0.03, 0.1, 0.3, 1, 3, 10, 30, 100]  # --sweep, as vision.py's
@@ -81,9 +81,8 @@ def load_model(name, random_weights, device):
         url = torchvision.models.get_model_weights(name).DEFAULT.url
         path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
         if os.path.exists(path):
-            why = ": ".join([type(e).__name__] + str(e).splitlines()[:1])  # (an error may carry no message)
-            raise ValueError(f"{path} is present but unreadable ({why}); delete it (torchvision then downloads it "
-                             "again) or replace it with a good copy") from None
+            raise ValueError(f"{path} is present but unreadable ({error_line(e)}); delete it (torchvision then "
+                             "downloads it again) or replace it with a good copy") from None
         raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put them "
                                 "in $TORCH_HOME/hub/checkpoints (see torchvision.models), or use --random-weights"
                                 ) from None

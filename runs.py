@@ -420,6 +420,11 @@ def write_json(path, obj, replace=True):
         raise
 
 
+def error_line(e):
+    """'OSError: <its message's first line>', or the type alone for an error without a message (an EOFError, say)."""
+    return ": ".join([type(e).__name__] + str(e).splitlines()[:1])
+
+
 def torchvision_dataset(cls, root, files, **kw):
     """cls(root, download=True, **kw): a torchvision dataset, downloaded when missing. Offline, a FileNotFoundError
     names the files to provide (`files`), and a --data-dir that this call made (a mistyped one, say) is removed again
@@ -437,9 +442,9 @@ def torchvision_dataset(cls, root, files, **kw):
         if bad:
             raise ValueError(f"{bad[0]} is present but unreadable: {bad[1]}. Replace it with a good copy, or delete "
                              "it (torchvision then extracts or downloads it again)") from None
-        raise FileNotFoundError(f"cannot load {cls.__name__} from {os.path.abspath(root)} ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''}). Without a network, put {files} under "
-                                "that folder (or pass --data-dir), and torchvision will use them") from None
+        raise FileNotFoundError(f"cannot load {cls.__name__} from {os.path.abspath(root)} ({error_line(e)}). Without "
+                                f"a network, put {files} under that folder (or pass --data-dir), and torchvision will "
+                                "use them") from None
 
 
 @contextlib.contextmanager

@@ -53,7 +53,7 @@ TARGETS = {
                  "seed_all", "strict_json", "one_at_a_time", "corrupt_file", "rng_state", "snapshot", "Results.log",
                  "Results.save", "Results.write_checkpoint", "Results.recording", "Results.stop_progress",
                  "Progress.end_early", "for_training", "all_sum", "ranks", "process_group", "get_device", "set_threads",
-                 "one_of", "torchvision_dataset", "setup", "_terminate", "add_run_flags", "Results._run",
+                 "one_of", "torchvision_dataset", "error_line", "setup", "_terminate", "add_run_flags", "Results._run",
                  "Results.__init__", "Progress.line", "Progress.tell", "ArgumentParser.error",
                  # what a run records of its machine and code, and the rest of the front door and progress lines
                  "environment", "git_state", "cpu_model", "Run.__str__", "HelpFormatter._get_help_string",
