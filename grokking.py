@@ -21,14 +21,15 @@ import torch.nn.functional as F
 
 import report
 from common import gaussian, sensitivity
-from runs import (ArgumentParser, Run, add_run_flags, cli, nonnegative_float, nonnegative_int, parse, positive_float,
-                  positive_int, restore, seed, seed_all, setup, start_run)
+from runs import (ArgumentParser, Run, add_run_flags, checked, cli, nonnegative_float, nonnegative_int, parse,
+                  positive_float, positive_int, restore, seed, seed_all, setup, start_run)
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__)
     g = p.add_argument_group("task")
-    g.add_argument("--p", type=positive_int, default=113, help="the modulus (a prime in the paper)")
+    g.add_argument("--p", type=checked(int, lambda v: v >= 2, "an integer >= 2"), default=113,
+                   help="the modulus (a prime in the paper)")
     g.add_argument("--frac-train", type=float, default=0.3, help="fraction of all p^2 pairs used for training")
     g.add_argument("--data-seed", type=seed, default=598, help="seed of the train/test split (fixed across --seeds)")
     g = p.add_argument_group("model")
@@ -50,8 +51,6 @@ def parse_args(argv=None):
     g.add_argument("--eval-every", type=positive_int, default=100, help="epochs between evaluations")
     add_run_flags(p, unit="epochs", default_name="p<p>")
     args = parse(p, "grokking", argv)
-    if args.p < 2:
-        p.error(f"--p must be >= 2, got {args.p}")
     if not 0 < args.frac_train < 1:
         p.error(f"--frac-train must be in (0, 1), got {args.frac_train}")
     if int(args.frac_train * args.p**2) < 1:

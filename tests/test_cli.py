@@ -153,7 +153,8 @@ BAD = [
     ("language", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("vision", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("grokking", ["--p", "5", "--frac-train", "0.01"], "--frac-train 0.01 of 25 pairs leaves no training pair"),
-    ("grokking", ["--p", "1"], "--p must be >= 2, got 1"),
+    ("grokking", ["--p", "1"], "--p must be an integer >= 2, got 1"),
+    ("grokking", ["--p", "0"], "--p must be an integer >= 2, got 0"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
     # a list flag's repeated value would run (or measure) the same thing twice and keep one, reporting fewer seeds
     ("synthetic", ["--seeds", "0", "1", "0"], "--seeds lists 0 twice"),
