@@ -39,10 +39,10 @@ def reproduce(*args, python=sys.executable, **kw):
                             env=dict(os.environ, PYTHON=str(python)), **kw)
 
 
-def gpu_check(*args, python=sys.executable):
+def gpu_check(*args, python=sys.executable, cwd=None):
     env = dict(os.environ, PYTHON=str(python))
     return subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), *args], env=env, capture_output=True,
-                          text=True)
+                          text=True, cwd=cwd)
 
 
 def python_wrapper(folder, before="", flags=""):
@@ -481,7 +481,7 @@ def test_gpu_check_takes_its_steps_and_starts_nothing_without_time(tmp_path):
     assert bad.stderr == f"gpu_check.sh: '{python}' has no torch; set PYTHON=/path/to/python (the README's " \
                          "environment)\n"
     res = tmp_path / "b"
-    short = gpu_check("40", str(res), "imagenet:1")
+    short = gpu_check("40", "b", "imagenet:1", cwd=tmp_path)  # a relative RESULTS_DIR: from where it was called
     assert short.returncode == 0 and "no time left for the rows and the tests" in short.stdout, short.stdout
     assert (tmp_path / "b.tgz").exists() and (res / "machine.txt").exists()
     assert not (res / "imagenet.log").exists() and not (res / "test_gpu.log").exists()

@@ -3,7 +3,7 @@
 #
 #   bash tools/gpu_check.sh [BUDGET_S] [RESULTS_DIR] [bench] [tests] [smoke] [ROW:JOBS ...]   # datasets in ./data
 #
-# (defaults: 540 s, out/gpu_check, bench tests mnist01:3 mrpc:6 vision3k:3)
+# (defaults: 540 s, the repository's out/gpu_check, bench tests mnist01:3 mrpc:6 vision3k:3)
 # In order: the machine (GPU, driver, torch); with `bench`, bench.py's estimator and language figures on the GPU, alone
 # on it (the estimator's efficiency and its speed-up over the authors' per-draw loop); then, side by side on the one
 # GPU: with `tests` the CUDA tests (tests/test_gpu.py); with `smoke` every row of `reproduce.sh smoke` on the GPU (fake
@@ -18,8 +18,11 @@
 [ -n "${BASH_VERSION:-}" ] || {
   echo "gpu_check.sh: run it with bash (bash tools/gpu_check.sh ...), not sh" >&2; exit 2; }
 set -uo pipefail
-cd "$(dirname "$0")/.."
 budget=${1:-540} res=${2:-out/gpu_check}
+# a RESULTS_DIR given is taken from the folder it was called in, as reproduce.sh takes --out; the default is in the
+# repository
+[ -z "${2:-}" ] || [[ $res == /* ]] || res=$PWD/$res
+cd "$(dirname "$0")/.."
 shift 2 2> /dev/null || shift $#
 [ $# -gt 0 ] || set -- bench tests mnist01:3 mrpc:6 vision3k:3
 bench="" tests="" smoke="" rows=()
