@@ -30,8 +30,9 @@ def gaussian(sigma):
         raise ValueError(f"sigma must be a finite standard deviation >= 0, got {sigma}")
 
     def perturb(tokens, generator):  # tokens (M, D): the one token of each of M copies
-        noise = torch.randn(tokens.shape, generator=generator, device=tokens.device, dtype=tokens.dtype)
-        return tokens + sigma * noise
+        if not tokens.is_floating_point():  # torch's own error would name a kernel, not the argument
+            raise TypeError(f"gaussian(sigma) needs floating-point tokens (embeddings, not ids), got {tokens.dtype}")
+        return tokens + sigma * torch.randn(tokens.shape, generator=generator, device=tokens.device, dtype=tokens.dtype)
 
     return perturb
 
@@ -263,9 +264,8 @@ def unpatchify(tokens, p, image_shape):
         raise ValueError(f"patch size {p} must divide the image height {H} and width {W}")
     if tokens.shape[1:] != ((H // p) * (W // p), C * p * p):
         raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not tile a {image_shape} image in {p}x{p} patches")
-    B = tokens.shape[0]
-    x = tokens.reshape(B, H // p, W // p, C, p, p).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(B, C, H, W)
+    x = tokens.reshape(len(tokens), H // p, W // p, C, p, p).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(len(tokens), C, H, W)
 
 
 # -----------------------------------------------------------------------------

@@ -405,6 +405,8 @@ def test_paired_differences_against_hand_computed_values():
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2).index_fill(0, torch.tensor([1]), math.inf),
                          gaussian(1)), ValueError, "x holds non-finite values in 1 of its 4 inputs"),  # inf, not NaN
     (lambda: gaussian("abc"), TypeError, "sigma must be a number"),
+    (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randint(0, 5, (4, 3, 2)), gaussian(1)), TypeError,
+     "gaussian(sigma) needs floating-point tokens (embeddings, not ids), got torch.int64"),  # token ids
     (lambda: sensitivity(lambda xb, i: xb[:, 0, 0], torch.randn(4, 3, 2), 0.1, seed=0), TypeError,
      "perturb must be callable (gaussian(sigma), replace(vocab), flip()), got 0.1"),
     (lambda: sensitivity(None, torch.randn(4, 3, 2), gaussian(0.1)), TypeError, "f must be callable"),
