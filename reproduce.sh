@@ -25,20 +25,24 @@ cd "$(dirname "$0")"
   echo "reproduce.sh: needs bash >= 4.3, this is $BASH_VERSION (macOS: brew install bash, and run it with that)" >&2
   exit 2; }
 
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' reproduce.sh; exit 0; }  # the lines above
 scale=${1:-}
 shift || true
 jobs="" only="" data=data out=out list="" dry=""
 [ "$scale" = --list ] && { list=1; scale=cpu; }
 case $scale in
   cpu | gpu | smoke) ;;
+  -h | --help) usage ;;
   *) got=${scale:+ (got $scale)}
-     echo "reproduce.sh: the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list$got" >&2; exit 2 ;;
+     echo "reproduce.sh: the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], --list or --help$got" >&2
+     exit 2 ;;
 esac
 while [ $# -gt 0 ]; do
   if [[ $1 =~ ^--(jobs|only|data|out)$ ]] && [ $# -lt 2 ]; then echo "reproduce.sh: $1 needs a value" >&2; exit 2; fi
   case $1 in
     --list) list=1; shift ;;
     --dry-run) dry=1; shift ;;
+    -h | --help) usage ;;
     --jobs) jobs=$2; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --data) data=$2; [[ $data = /* ]] || data=$here/$data; shift 2 ;;

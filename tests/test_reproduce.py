@@ -288,9 +288,9 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
 
 
 @pytest.mark.parametrize("args, says", [
-    ((), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list"),
-    (("--only", "synthetic", "smoke"), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], or --list "
-                                       "(got --only)"),
+    ((), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], --list or --help"),
+    (("--only", "synthetic", "smoke"), "the scale comes first: bash reproduce.sh cpu|gpu|smoke [flags], --list or "
+                                       "--help (got --only)"),
     (("smoke", "--jobs", "0"), "--jobs must be an integer >= 1, got 0"),  # unchecked, 0 waits for ever
     (("smoke", "--jobs", "two"), "--jobs must be an integer >= 1, got two"),
     (("smoke", "--bogus"), "unknown argument --bogus (usage: bash reproduce.sh cpu|gpu|smoke [--jobs N] [--only "
@@ -300,6 +300,22 @@ def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path, ar
         reproduce(stderr=subprocess.PIPE)  # no argument at all
     out, err = p.communicate(timeout=60)
     assert (p.returncode, out, err) == (2, "", f"reproduce.sh: {says}\n") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script, args, first", [
+    ("reproduce.sh", ["--help"], "Every row of the README's claims table in one command"),
+    ("reproduce.sh", ["-h"], "Every row of the README's claims table in one command"),
+    ("reproduce.sh", ["cpu", "--only", "parity", "--help"], "Every row of the README's claims table in one command"),
+    ("tools/gpu_check.sh", ["--help"], "The GPU items of reproduce.sh within a fixed wall-time budget")])
+def test_help_prints_the_usage_from_another_folder(script, args, first):
+    """--help (or -h) prints the comment block at the top of the script, without its '#', and exits 0, called by a
+    relative path from another folder (the scripts cd to the repository first)."""
+    above = os.path.dirname(ROOT)
+    done = subprocess.run(["bash", os.path.relpath(os.path.join(ROOT, script), above), *args], cwd=above,
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith(first), done.stdout + done.stderr
+    assert "bash " + script in done.stdout and not re.search("^#", done.stdout, re.M)
+    assert len(done.stdout.splitlines()) > 10
 
 
 def test_a_python_without_torch_is_refused_with_one_line(tmp_path):

@@ -18,6 +18,9 @@
 [ -n "${BASH_VERSION:-}" ] || {
   echo "gpu_check.sh: run it with bash (bash tools/gpu_check.sh ...), not sh" >&2; exit 2; }
 set -uo pipefail
+if [[ ${1:-} =~ ^(-h|--help)$ ]]; then  # the lines above
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0
+fi
 budget=${1:-540} res=${2:-out/gpu_check}
 # a RESULTS_DIR given is taken from the folder it was called in, as reproduce.sh takes --out; the default is in the
 # repository
