@@ -23,6 +23,11 @@ SPLITS = {"mrpc": {"paper": ("msr_paraphrase_train.txt", "msr_paraphrase_test.tx
           "qqp": {"glue": ("train.tsv", "dev.tsv")}}
 
 
+def split_files(task):
+    """The files each split of the task reads, for the lines that say what to put where."""
+    return "; ".join(f"--split {split}: {', '.join(names)}" for split, names in SPLITS[task].items())
+
+
 def download(task, data_dir):
     """Fetch the official GLUE files for the task into data_dir/<TASK>/ and build train.tsv and dev.tsv."""
     folder = os.path.join(data_dir, task.upper())
@@ -31,8 +36,8 @@ def download(task, data_dir):
         try:
             urllib.request.urlretrieve(url, os.path.join(folder, name))
         except OSError as e:
-            raise FileNotFoundError(f"cannot download {url} ({e}). Without a network, put {task.upper()}/train.tsv "
-                                    f"and dev.tsv (the GLUE files) under {os.path.abspath(data_dir)}") from None
+            raise FileNotFoundError(f"cannot download {url} ({e}). Without a network, put the {task.upper()} files "
+                                    f"({split_files(task)}) in {os.path.abspath(folder)}") from None
     if task == "qqp":
         try:
             with zipfile.ZipFile(os.path.join(folder, "QQP-clean.zip")) as z:
@@ -82,8 +87,7 @@ def read_tsv(path, task):
                     raise ValueError(f"{path} line {line}: label {row[y]!r} is not 0 or 1")
                 pairs.append((row[a], row[b], int(row[y])))
     except FileNotFoundError:
-        files = "; ".join(f"--split {split}: {', '.join(names)}" for split, names in SPLITS[task].items())
-        raise FileNotFoundError(f"{path} not found. Put the {task.upper()} files ({files}) in "
+        raise FileNotFoundError(f"{path} not found. Put the {task.upper()} files ({split_files(task)}) in "
                                 f"{os.path.dirname(os.path.abspath(path))}, or run with --download where there is a "
                                 "network") from None
     except UnicodeDecodeError as e:

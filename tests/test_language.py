@@ -198,8 +198,10 @@ def test_missing_files_and_offline_download_are_clear_errors(tmp_path, monkeypat
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(urllib.request, "urlretrieve", offline)
-    with pytest.raises(FileNotFoundError, match="cannot download"):
+    with pytest.raises(FileNotFoundError, match="cannot download") as e:  # each split's files, as read_tsv says
         language.download("mrpc", str(tmp_path))
+    assert str(e.value).endswith("Without a network, put the MRPC files (--split paper: msr_paraphrase_train.txt, "
+                                 f"msr_paraphrase_test.txt; --split glue: train.tsv, dev.tsv) in {tmp_path / 'MRPC'}")
 
 
 @pytest.mark.slow
