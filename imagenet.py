@@ -83,9 +83,8 @@ def load_model(name, random_weights, device):
         if os.path.exists(path):
             raise ValueError(f"{path} is present but unreadable ({error_line(e)}); delete it (torchvision then "
                              "downloads it again) or replace it with a good copy") from None
-        raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put them "
-                                "in $TORCH_HOME/hub/checkpoints (see torchvision.models), or use --random-weights"
-                                ) from None
+        raise FileNotFoundError(f"cannot get the {name} weights ({type(e).__name__}); with no network put {url} "
+                                f"at {path}, or use --random-weights") from None
     return model.to(device).eval()  # eval: no dropout, BatchNorm/LayerNorm statistics fixed
 
 

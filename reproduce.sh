@@ -342,7 +342,7 @@ do_fig4() {
 }
 
 row imagenet 0 "Sec. 5: pretrained ViT-L/16 below ConvNeXt-Tiny on ImageNet images (gpu; nothing trained)"
-do_imagenet() {  # torchvision's weights: downloaded on the first run (offline: put them in $TORCH_HOME/hub/checkpoints)
+do_imagenet() {  # torchvision's weights: downloaded on the first run (offline, imagenet.py says which file goes where)
   local c="--n-sens 500 --sens-positions 16 --sigma 0.1 1 --sweep"  # 16 of the 196 patches per image and sigma
   case $scale in
     cpu) echo "  skipped: the paper's scale, bash reproduce.sh gpu"; return ;;

@@ -206,10 +206,11 @@ def test_the_pretrained_models_are_torchvisions_default_weights_and_offline_the_
 
     monkeypatch.setattr(torchvision.models, "convnext_tiny", convnext_tiny)
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))  # where torch.hub keeps downloaded weights
-    with pytest.raises(FileNotFoundError, match=r"cannot get the convnext_tiny weights \(RuntimeError\); with no "
-                                                r"network put them in \$TORCH_HOME/hub/checkpoints"):
-        imagenet.load_model("convnext_tiny", False, "cpu")
     kept = tmp_path / "checkpoints" / "convnext_tiny-983f1562.pth"  # torchvision's file name for these weights
+    with pytest.raises(FileNotFoundError, match=r"cannot get the convnext_tiny weights \(RuntimeError\); with no "
+                       rf"network put https://download.pytorch.org/models/{kept.name} at {re.escape(str(kept))}, or "
+                       "use --random-weights"):
+        imagenet.load_model("convnext_tiny", False, "cpu")  # the file and the folder it goes in, by name
     kept.parent.mkdir()
     kept.write_text("not a checkpoint")  # there, but unreadable (a cut download, say): named, not "no network"
     with pytest.raises(ValueError, match=rf"^{re.escape(str(kept))} is present but unreadable \(RuntimeError: "
