@@ -110,7 +110,7 @@ TARGETS = {
                      "LSTMLayer.forward", "TextTransformer.read_out", "sensitivities", "label", "Tokenizer.encode",
                      "words", "fake_pairs", "Tokenizer.__init__", "Tokenizer.decode", "parse_args"],
                     ["tests/test_language.py", "tests/test_scale.py", "tests/test_cli.py"]),  # test_scale: --resume
-    "glue.py": (["download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
+    "glue.py": (["split_files", "download", "read_tsv"], ["tests/test_language.py", "tests/test_cli.py"]),
     "robustness.py": (["random_patch_noise", "make_loss", "sharpness", "accuracy", "evaluate_corruptions",
                        "Normalize.__init__", "Normalize.forward", "evaluate_model", "main", "default_corruptions",
                        "parse_args"],
