@@ -52,10 +52,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error (exit code 2) instead of the whole usage text before it, no abbreviated flags
-    (else a prefix of a flag, say --see, would silently mean the whole one, --seeds), and the defaults in --help."""
+    (else a prefix of a flag, say --see, would silently mean the whole one, --seeds), no flag given an empty value,
+    and the defaults in --help."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, formatter_class=HelpFormatter, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        for key, value in vars(parsed).items():  # `--resume "$RUN"` with RUN unset would start a fresh run, and
+            if value == "":                         # `--out-dir ""` write into the current folder
+                self.error(f"--{key.replace('_', '-')} is empty ('')")
+        return parsed
 
     def error(self, message):
         message = re.sub(r"^argument (--[\w-]+)(/\S+)?: must", r"\1 must", message)  # '--lr must be ...'

@@ -156,6 +156,12 @@ BAD = [
     ("grokking", ["--p", "1"], "--p must be an integer >= 2, got 1"),
     ("grokking", ["--p", "0"], "--p must be an integer >= 2, got 0"),
     ("bench", ["--rounds", "0"], "--rounds must be an integer >= 1"),
+    # an empty value ('' from an unset shell variable): --resume '' had started a fresh run, and a folder '' is the
+    # current one
+    ("vision", ["--resume", ""], "--resume is empty ('')"),  # (each fails fast without the check: CIFAR-10's absence)
+    ("vision", ["--data-dir", ""], "--data-dir is empty ('')"),
+    ("robustness", ["--from-vision", ""], "--from-vision is empty ('')"),
+    ("report", ["a", "b", "--out-dir", ""], "--out-dir is empty ('')"),
     # a list flag's repeated value would run (or measure) the same thing twice and keep one, reporting fewer seeds
     ("synthetic", ["--seeds", "0", "1", "0"], "--seeds lists 0 twice"),
     ("vision", ["--model", "vit", "cnn", "vit"], "--model lists vit twice"),
