@@ -43,7 +43,8 @@ TARGETS = {
                    "summarise", "paired_differences", "patchify", "unpatchify", "chunk_seed",
                    "default_batch_size"],
                   ["tests/test_common.py", "tests/test_scale.py"]),
-    "runs.py": (["checked", "per_name", "run_name", "parse", "subset_size", "Results.diverged", "Results.resume",
+    "runs.py": (["checked", "ArgumentParser.parse_args", "per_name", "run_name", "parse", "subset_size",
+                 "Results.diverged", "Results.resume",
                  # the front door, results and resume
                  "parse_with", "given", "write_json", "load_results", "new_run_dir", "set_rng_state", "restore",
                  "duration", "Results.final", "Results.finished", "ended", "Results.checkpoint", "cli", "start_run",
