@@ -60,8 +60,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
-        for key, value in vars(parsed).items():  # `--resume "$RUN"` with RUN unset would start a fresh run, and
-            if value == "":                         # `--out-dir ""` write into the current folder
+        # '' (an unset shell variable, say): `--resume ""` would start a fresh run, `--out-dir ""` write here
+        for key, value in vars(parsed).items():
+            if value == "":
                 self.error(f"--{key.replace('_', '-')} is empty ('')")
         return parsed
 
