@@ -194,6 +194,11 @@ def evaluate_corruptions(model, images=None, labels=None, *, corruptions=None, s
 
 FIG9 = [("resnet18", "vanilla"), ("densenet121", "vanilla"), ("vit", "vanilla"), ("vit-simple", "vanilla"),
         ("vit", "augment"), ("vit", "reg")]  # the six models of the paper's Fig. 9
+# what --from-vision cannot honour: how the saved models were trained and what vision.py measured at their end
+TRAINING_FLAGS = ["--variants", "--paper-fig9", "--augment-std", "--reg", "--reg-std", "--optimizer", "--lr",
+                  "--momentum", "--weight-decay", "--schedule", "--epochs", "--until-acc", "--patience", "--steps",
+                  "--batch-size", "--amp", "--compile", "--augment", "--eval-every", "--sens-during", "--match-acc",
+                  "--sweep", "--mask", "--flat-patches", "--save-every"]
 
 
 def parse_args(argv=None):
@@ -228,9 +233,9 @@ def parse_args(argv=None):
     g.add_argument("--n-sharp", type=positive_int, default=2000, help="training images the sharpness is measured on")
     add_run_flags(p, unit="epochs", default_name="<dataset>-<models>, fig9 or from-vision")
     args = parse(p, "robustness", argv)
-    if args.from_vision and given(argv, "--variants", "--paper-fig9"):  # else silently evaluated as vanilla
-        p.error("--from-vision evaluates the models vision.py saved, as they were trained: drop --variants and "
-                "--paper-fig9")
+    if args.from_vision and (dropped := [f for f in TRAINING_FLAGS if given(argv, f)]):  # else taken in silence
+        p.error("--from-vision evaluates the models vision.py saved, as they were trained and measured: drop "
+                + " and ".join(dropped))
     if args.from_vision:  # the saved run's model and data flags first, so that those given here take precedence
         args = parse_with(p, argv, args.from_vision, "vision")
     vision.check_flags(p, args)

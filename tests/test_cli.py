@@ -72,7 +72,9 @@ BAD = [
     ("grokking", ["--threads", "100000"], "--threads 100000 is more than 4x the"),
     ("robustness", ["--paper-fig9", "--model", "mlp"], "--paper-fig9 trains the six models of Fig. 9: drop --model"),
     ("robustness", ["--from-vision", "x", "--variants", "reg"], "--from-vision evaluates the models vision.py saved"),
-    ("robustness", ["--from-vision", "x", "--paper-fig9"], "as they were trained: drop --variants and --paper-fig9"),
+    ("robustness", ["--from-vision", "x", "--paper-fig9"], "as they were trained and measured: drop --paper-fig9"),
+    ("robustness", ["--from-vision", "x", "--epochs", "5"], "as they were trained and measured: drop --epochs"),
+    ("robustness", ["--from-vision", "x", "--sweep", "--lr=0.1"], "measured: drop --lr and --sweep"),
     ("robustness", ["--from-vision", "/no/such/run"], "/no/such/run: no results file at /no/such/run"),
     ("robustness", ["--corruptions", "frost", "--frost-dir", "/no/frost"], "; or leave frost out of --corruptions"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
@@ -499,6 +501,14 @@ def test_robustness_help_lists_every_flag_it_accepts(capsys):
             robustness.parse_args(argv)
         except SystemExit as e:
             assert "unrecognized" not in str(e) and e.code == 2 or e.code == 0, flag
+
+
+def test_from_vision_refuses_every_flag_of_the_training(capsys):
+    """robustness.py --from-vision trains nothing: each flag of vision.py's optimisation group but --seeds (which
+    picks the saved models) is in TRAINING_FLAGS, and each name there is a flag robustness.py shows."""
+    groups = vision.add_flags(ArgumentParser(add_help=False))._action_groups
+    optimisation = {s for g in groups if g.title == "optimisation" for a in g._group_actions for s in a.option_strings}
+    assert optimisation - {"--seeds"} <= set(robustness.TRAINING_FLAGS) <= help_flags(robustness, capsys)
 
 
 def parser_of(module):
