@@ -221,6 +221,7 @@ def test_a_failed_run_is_not_done_and_runs_again_and_jobs_caps_the_processes(tmp
     p = subprocess.run(args, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     folder = tmp_path / "out" / "vision"
     assert p.returncode == 1 and "  mnist01-seed1: FAILED (exit 3), see " in p.stdout, p.stdout + p.stderr
+    assert p.stdout.startswith("reproduce.sh smoke: 1 process at a time, data ")  # not "1 processes"
     assert "  cases: FAILED (exit 0, but it left no run folder), see " in p.stdout
     assert "merge mnist01: not made, since these of its runs are not done: mnist01-seed1" in p.stdout
     assert re.search(r"^\[mnist01\] end .* \| CPU \? min", p.stdout, re.M), p.stdout  # report.py --times failed too
