@@ -103,12 +103,14 @@ def parse_args(argv=None):
         args.split = "glue" if args.resume or args.task == "qqp" else "paper"
     if args.task != "fake" and args.split not in SPLITS[args.task]:
         p.error(f"--split {args.split}: {args.task.upper()} has {', '.join(SPLITS[args.task])}")
+    if args.task == "fake" and args.download:
+        p.error("--download fetches a GLUE task's files: --task fake makes up its pairs (drop --download)")
     if args.max_len < 8:
         p.error(f"--max-len must be >= 8 (the specials take 4), got {args.max_len}")
     if args.model == ["lstm"] and args.attn != ["softmax"]:  # else the LSTM alone trains, as if --attn were not given
         p.error(f"--attn {' '.join(args.attn)} is the transformers' attention: --model lstm has none (add roberta or "
                 "gpt2)")
-    if args.dim % args.heads and args.dim_head is None:
+    if args.model != ["lstm"] and args.dim % args.heads and args.dim_head is None:  # the LSTM has no heads
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads} (or give --dim-head)")
     return args
 

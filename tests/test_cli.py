@@ -151,6 +151,8 @@ BAD = [
     ("language", ["--model", "bert"], "invalid choice: 'bert'"),
     ("language", ["--attn", "linear"], "invalid choice: 'linear'"),
     ("language", ["--model", "lstm", "--attn", "relu"], "--attn relu is the transformers' attention: --model lstm"),
+    ("language", ["--task", "fake", "--download"], "--download fetches a GLUE task's files: --task fake makes up"),
+    ("language", ["--dim", "100", "--data-dir", "/no/glue"], "--dim 100 must be a multiple of --heads 8"),
     ("language", ["--sens-positions", "0"], "--sens-positions must be an integer >= 1"),
     ("language", ["--sens-during", "never"], "invalid choice: 'never'"),
     ("vision", ["--sens-during", "never"], "invalid choice: 'never'"),
@@ -186,6 +188,11 @@ def test_list_flags_whose_values_may_repeat_take_them():
     """Hidden widths may repeat, and per-model rates too (the last that names a model wins): not refused as runs."""
     args = vision.parse_args(["--mlp-hidden", "64", "64", "--lr", "0.1", "cnn=0.05", "0.1"])
     assert args.mlp_hidden == [64, 64] and vision.learning_rate("cnn", args) == 0.1
+
+
+def test_the_lstm_alone_takes_a_width_the_heads_do_not_divide():
+    """--dim must be a multiple of --heads for the transformers' heads (the BAD list); the LSTM alone has none."""
+    assert language.parse_args(["--model", "lstm", "--dim", "100"]).dim == 100
 
 
 def test_resuming_a_folder_whose_metrics_json_is_corrupt_is_one_line(tmp_path, capsys):
