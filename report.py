@@ -967,10 +967,10 @@ def parse_args(argv=None):
                    "dashes) the merged folders may differ in beyond --seeds, --threads, --device and the run's name: "
                    "the models of a one-process-per-model protocol (model optimizer lr), a data-size study's n-train")
     args = p.parse_args(argv)
-    if bool(args.folders) == bool(args.claims):
-        p.error("give run folders, or --claims OUT")
     if args.claims and args.times:
         p.error("--claims and --times are two reports: give one")
+    if bool(args.folders) == bool(args.claims):
+        p.error("give run folders, or --claims OUT")
     merging = [flag for flag in ("--out-dir", "--run-name", "--vary") if given(argv, flag)]
     if merging and (args.claims or args.times or len(args.folders) == 1):  # else taken in silence, nothing merged
         what = "--claims" if args.claims else "--times" if args.times else "one folder, which is redrawn in place"

@@ -99,6 +99,9 @@ BAD = [
     ("report", ["--claims", "out", "--run-name", "y"], "--run-name is for merging two or more folders, not for "
      "--claims"),
     ("report", ["--claims", "out", "--times"], "--claims and --times are two reports: give one"),
+    ("report", ["f", "--claims", "out", "--times"], "--claims and --times are two reports: give one"),
+    ("report", [], "give run folders, or --claims OUT"),
+    ("report", ["f", "--claims", "out"], "give run folders, or --claims OUT"),
     ("imagenet", ["--imagenet-dir", "/no/such/dir"], "--imagenet-dir /no/such/dir: no such folder"),
     ("imagenet", ["--imagenet-dir", imagenet.__file__], f"--imagenet-dir {imagenet.__file__}: no such folder"),
     ("imagenet", ["--n-sens", "4"], "--imagenet-dir is required: a folder of images, one subfolder per class"),
