@@ -236,6 +236,9 @@ def parse_args(argv=None):
     if args.from_vision and (dropped := [f for f in TRAINING_FLAGS if given(argv, f)]):  # else taken in silence
         p.error("--from-vision evaluates the models vision.py saved, as they were trained and measured: drop "
                 + " and ".join(dropped))
+    if args.mask[0] != "patch":  # else the curves' sensitivity would be another mask's than the final one's
+        p.error(f"--mask {' '.join(args.mask)}: robustness.py's sensitivity is the patch mask's (Def. 4.1): put patch "
+                "first (the other masks are measured beside it at the end)")
     if args.from_vision:  # the saved run's model and data flags first, so that those given here take precedence
         args = parse_with(p, argv, args.from_vision, "vision")
     vision.check_flags(p, args)

@@ -75,6 +75,10 @@ BAD = [
     ("robustness", ["--from-vision", "x", "--paper-fig9"], "as they were trained and measured: drop --paper-fig9"),
     ("robustness", ["--from-vision", "x", "--epochs", "5"], "as they were trained and measured: drop --epochs"),
     ("robustness", ["--from-vision", "x", "--sweep", "--lr=0.1"], "measured: drop --lr and --sweep"),
+    ("robustness", ["--mask", "scattered", "patch", "--dataset", "fake28", "--model", "mlp", "--steps", "1",
+                    "--n-train", "20", "--n-test", "10", "--n-sens", "4", "--n-sharp", "4", "--sharp-reps", "1",
+                    "--corruptions", "contrast"],  # fails fast
+     "--mask scattered patch: robustness.py's sensitivity is the patch mask's (Def. 4.1): put patch first"),
     ("robustness", ["--from-vision", "/no/such/run"], "/no/such/run: no results file at /no/such/run"),
     ("robustness", ["--corruptions", "frost", "--frost-dir", "/no/frost"], "; or leave frost out of --corruptions"),
     ("parity", ["--all-settings", "--setting", "3"], "--all-settings runs all six settings: drop --setting"),
