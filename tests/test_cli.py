@@ -2,11 +2,14 @@
 code 2, a diverged run exit code 3 with its metrics.json kept and marked, Ctrl-C exit code 130 with the metrics so far,
 corrupt data files named with their problem, and one vocabulary of flags."""
 
+import argparse
 import hashlib
+import importlib
 import json
 import os
 import re
 import stat
+import subprocess
 import threading
 import time
 
@@ -526,7 +529,7 @@ def test_from_vision_refuses_every_flag_of_the_training(capsys):
 
 
 def parser_of(module):
-    """The ArgumentParser that module.parse_args builds, caught before it parses."""
+    """The ArgumentParser that module.parse_args (or a tool's main) builds, caught before it parses."""
     p = None
 
     def grab(parser, *a, **k):
@@ -535,10 +538,51 @@ def parser_of(module):
         raise SystemExit(0)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(ArgumentParser, "parse_args", grab)
+        m.setattr(argparse.ArgumentParser, "parse_args", grab)  # runs.ArgumentParser's calls it too
         with pytest.raises(SystemExit):
-            module.parse_args([])
+            module.parse_args([]) if hasattr(module, "parse_args") else module.main()
     return p
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# each `python X.py ...` of a bash block, as bash expands it (loops, variables, braces); the rest does nothing. $s is
+# the seed of blocks that show one seed's command of a loop
+RECORD = r"""s=0
+python() { local IFS=$'\x1f'; printf '%s\x1e' "$*" >> "$RECORD"; }
+for c in bash timeout pip python3 torchrun source cd; do eval "$c() { :; }"; done
+"""
+
+
+def shown_commands(path, tmp_path):
+    """[argv] of every python command the bash blocks of a markdown file show."""
+    record = tmp_path / "record"
+    record.write_text("")
+    for block in re.findall(r"```bash\n(.*?)```", open(path).read(), re.S):
+        subprocess.run(["bash", "-c", RECORD + block + "\nwait"], env=dict(os.environ, RECORD=str(record)),
+                       cwd=tmp_path, capture_output=True, timeout=60)
+    return [call.split("\x1f") for call in record.read_text().split("\x1e")[:-1]]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "RESULTS.md"])
+def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
+    """Each `python <script>.py ...` in a bash block of the README and RESULTS.md, as bash expands it, is taken by
+    today's parser (no flag renamed or dropped since, every value of its type) and passes the script's own checks,
+    where only a file or folder that the command names and this test lacks may stop it."""
+    commands = [c for c in shown_commands(os.path.join(ROOT, doc), tmp_path) if c[0] != "-m"]  # not python -m pytest
+    assert len(commands) >= {"README.md": 2, "RESULTS.md": 80}[doc]
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    monkeypatch.chdir(tmp_path)  # so that out/... and DATA name nothing here
+    for script, *argv in commands:
+        module = importlib.import_module(os.path.basename(script)[:-3])
+        code, err = None, ""
+        try:
+            parser_of(module).parse_args(argv)  # the flags and their types
+            if hasattr(module, "parse_args"):
+                module.parse_args(argv)  # and the script's checks after them
+        except SystemExit as e:
+            code, err = e.code, capsys.readouterr().err
+        missing = [a for a in argv if ("/" in a or a.isupper()) and not a.startswith("-") and not os.path.exists(a)]
+        assert not code or any(a in err for a in missing), f"{doc}: python {script} {' '.join(argv)}\n{err}"
 
 
 def test_every_flag_names_its_type_and_a_number_flag_checks_its_values():
