@@ -605,6 +605,21 @@ def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
         assert not code or no_cuda or any(a in err for a in missing), f"{doc}: python {script} {' '.join(argv)}\n{err}"
 
 
+def test_the_readme_lists_every_file():
+    """The README's Files block names each script, module and shell script the repository holds at its top, each
+    tool, and nothing that is not there (a file of your own beside them is not asked for)."""
+    git = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if git.returncode or not git.stdout:
+        pytest.skip("not a git checkout (a copy without .git): no list of the repository's files")
+    files = git.stdout.split()
+    block = re.search(r"## Files\n\n```\n(.*?)```", open(os.path.join(ROOT, "README.md")).read(), re.S).group(1)
+    listed = {line.split()[0] for line in block.splitlines() if line and not line[0].isspace()}
+    tools = set(re.findall(r"\b([a-z_]+\.(?:py|sh))\b", block.split("\ntools/")[1].split("\ntests/")[0]))
+    assert {f for f in files if "/" not in f and f.endswith((".py", ".sh"))} <= listed
+    assert {f[len("tools/"):] for f in files if f.startswith("tools/")} == tools
+    assert all(os.path.exists(os.path.join(ROOT, name)) for name in listed)
+
+
 def test_every_flag_names_its_type_and_a_number_flag_checks_its_values():
     """Every flag that takes a value names its type (type=str for text), so that a number flag cannot silently
     become text: `--reps 0` and `--patience 0` are refused in every script, not read as '0'. A flag whose default is
