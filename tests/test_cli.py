@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import threading
@@ -571,25 +572,28 @@ def docstring_commands():
 
 
 def shown_commands(text, tmp_path):
-    """[argv] of every python command the bash blocks of a markdown text show."""
+    """[argv] of every python command the bash blocks of a markdown text show, and its `python X.py ...` spans."""
     record = tmp_path / "record"
     record.write_text("")
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         subprocess.run(["bash", "-c", RECORD + block + "\nwait"], env=dict(os.environ, RECORD=str(record)),
                        cwd=tmp_path, capture_output=True, timeout=60)
-    return [call.split("\x1f") for call in record.read_text().split("\x1e")[:-1]]
+    inline = [shlex.split(span) for span in re.findall(r"`python ([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+              if not re.search(r"\.\.\.|[<\[{$|]|\b[A-Z]\b", span)]  # `python X.py ...` spans, bar placeholders
+    return [call.split("\x1f") for call in record.read_text().split("\x1e")[:-1]] + inline
 
 
 @pytest.mark.parametrize("doc", ["README.md", "RESULTS.md", "docstrings"])
 def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
-    """Each `python <script>.py ...` in a bash block of the README and RESULTS.md, and in the docstrings of the scripts
-    and tools, as bash expands it, is taken by today's parser (no flag renamed or dropped since, every value of its
-    type) and passes the script's own checks, where only a file or folder that the command names and this test
-    lacks (or CUDA, on a machine without it) may stop it."""
+    """Each `python <script>.py ...` in a bash block of the README and RESULTS.md (as bash expands it) or in a code
+    span of their text (bar those with a placeholder: N, <script>, ...), and in the docstrings of the scripts and
+    tools, is taken by today's parser (no flag renamed or dropped since, every value of its type) and passes the
+    script's own checks, where only a file or folder that the command names and this test lacks (or CUDA, on a
+    machine without it) may stop it."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
     text = docstring_commands() if doc == "docstrings" else open(os.path.join(ROOT, doc)).read()
     commands = [c for c in shown_commands(text, tmp_path) if c[0] != "-m"]  # not python -m pytest
-    assert len(commands) >= {"README.md": 2, "RESULTS.md": 80, "docstrings": 30}[doc]
+    assert len(commands) >= {"README.md": 8, "RESULTS.md": 100, "docstrings": 40}[doc]
     monkeypatch.chdir(tmp_path)  # so that out/... and DATA name nothing here
     for script, *argv in commands:
         module = importlib.import_module(os.path.basename(script)[:-3])
@@ -600,7 +604,8 @@ def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
                 module.parse_args(argv)  # and the script's checks after them
         except SystemExit as e:
             code, err = e.code, capsys.readouterr().err
-        missing = [a for a in argv if ("/" in a or a.isupper()) and not a.startswith("-") and not os.path.exists(a)]
+        paths = [a for a in argv if not a.startswith("-") and ("/" in a or a.isupper() or a == "out")]  # OUT, DATA
+        missing = [a for a in paths if not os.path.exists(a)]
         no_cuda = "no CUDA device" in err and not torch.cuda.is_available()
         assert not code or no_cuda or any(a in err for a in missing), f"{doc}: python {script} {' '.join(argv)}\n{err}"
 
