@@ -273,6 +273,9 @@ def test_list_names_every_row_with_its_cpu_time_and_only_checks_its_rows(tmp_pat
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines()[:-1]]
     assert listed == ROWS and all(re.search(r"\d min", line) for line in out.splitlines()[:-1])
+    docs = "".join(open(os.path.join(ROOT, f)).read() for f in ["README.md", "RESULTS.md"])
+    named = {row for rows in re.findall(r"reproduce\.sh [^`|]*?--only ([a-z0-9,]+)", docs) for row in rows.split(",")}
+    assert len(named) >= 10 and named <= set(ROWS), named - set(ROWS)  # the docs' --only name rows that exist
     assert re.search(r"^total: [\d.]+ CPU-minutes", out.splitlines()[-1])
     listing = out
     code, out = finish("smoke", "--only", "synthetic,nope", "--out", str(tmp_path))
