@@ -625,6 +625,22 @@ def test_the_readme_lists_every_file():
     assert all(os.path.exists(os.path.join(ROOT, name)) for name in listed)
 
 
+def test_the_docs_links_lead_somewhere():
+    """Every link of the README and RESULTS.md to a file (a figure, RESULTS.md) names one that exists, and every
+    #anchor a heading of the file it names, as GitHub makes it (lower case, punctuation dropped, spaces as hyphens)."""
+    def anchors(name):
+        headings = re.findall(r"^#+ (.*)$", open(os.path.join(ROOT, name)).read(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+    for doc in ["README.md", "RESULTS.md"]:
+        links = [(p, a) for p, a in re.findall(r"\]\(([^)#]*)(?:#([^)]*))?\)", open(os.path.join(ROOT, doc)).read())
+                 if not p.startswith("http")]
+        assert len(links) >= 6
+        for path, anchor in links:
+            assert os.path.exists(os.path.join(ROOT, path or doc)), (doc, path)
+            assert not anchor or anchor in anchors(path or doc), (doc, anchor)
+
+
 def test_every_flag_names_its_type_and_a_number_flag_checks_its_values():
     """Every flag that takes a value names its type (type=str for text), so that a number flag cannot silently
     become text: `--reps 0` and `--patience 0` are refused in every script, not read as '0'. A flag whose default is
