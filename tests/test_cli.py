@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import threading
@@ -546,11 +547,11 @@ def parser_of(module):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# each `python X.py ...` of a bash block, as bash expands it (loops, variables, braces); the rest does nothing. $s is
-# the seed of blocks that show one seed's command of a loop
+# each `python X.py ...` of a bash block, as bash expands it (loops, variables, braces), run with an empty PATH: no
+# other program runs (pip, apt-get, ...). $s is the seed of blocks that show one seed's command of a loop
 RECORD = r"""s=0
 python() { local IFS=$'\x1f'; printf '%s\x1e' "$*" >> "$RECORD"; }
-for c in bash timeout pip python3 torchrun source cd; do eval "$c() { :; }"; done
+source() { :; }
 """
 
 
@@ -576,8 +577,9 @@ def shown_commands(text, tmp_path):
     record = tmp_path / "record"
     record.write_text("")
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        subprocess.run(["bash", "-c", RECORD + block + "\nwait"], env=dict(os.environ, RECORD=str(record)),
-                       cwd=tmp_path, capture_output=True, timeout=60)
+        subprocess.run([shutil.which("bash"), "-c", RECORD + block + "\nwait"], cwd=tmp_path, capture_output=True,
+                       env={"PATH": str(tmp_path / "nothing"), "RECORD": str(record)}, stdin=subprocess.DEVNULL,
+                       timeout=60)
     inline = [shlex.split(span) for span in re.findall(r"`python ([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
               if not re.search(r"\.\.\.|[<\[{$|]|\b[A-Z]\b", span)]  # `python X.py ...` spans, bar placeholders
     return [call.split("\x1f") for call in record.read_text().split("\x1e")[:-1]] + inline
@@ -623,6 +625,20 @@ def test_the_readme_lists_every_file():
     assert {f for f in files if "/" not in f and f.endswith((".py", ".sh"))} <= listed
     assert {f[len("tools/"):] for f in files if f.startswith("tools/")} == tools
     assert all(os.path.exists(os.path.join(ROOT, name)) for name in listed)
+
+
+def test_the_readme_gives_the_number_of_tests(request):
+    """The README's test command says how many tests the suite has and how many of them need a GPU (test_gpu.py's);
+    counted in a run of the whole suite only (no -m, -k or chosen files)."""
+    items, option = request.session.items, request.config.option
+    files = {os.path.basename(str(i.path)) for i in items}
+    every = {f for f in os.listdir(os.path.join(ROOT, "tests")) if f.startswith("test_") and f.endswith(".py")}
+    if option.markexpr or option.keyword or files != every:
+        pytest.skip("counts a run of the whole suite only")
+    said = re.search(r"what CI runs: (\d+) tests \((\d+) need a GPU\)", open(os.path.join(ROOT, "README.md")).read())
+    counted = (len(items), sum(os.path.basename(str(i.path)) == "test_gpu.py" for i in items))
+    assert tuple(map(int, said.groups())) == counted, f"the README's Tests block should say {counted[0]} tests " \
+        f"({counted[1]} need a GPU)"
 
 
 def test_the_docs_links_lead_somewhere():
