@@ -493,7 +493,8 @@ cpu_minutes() {  # cpu=the CPU minutes the row's runs recorded (training, evalua
 if [ -n "$dry" ]; then
   echo "reproduce.sh $scale --dry-run: the commands it would run (nothing is run or written), data $data, results $out"
 else
-  echo "reproduce.sh $scale: $jobs process$([ "$jobs" = 1 ] || echo es) at a time, data $data, results $out ($(date '+%F %T'))"
+  echo "reproduce.sh $scale: $jobs process$([ "$jobs" = 1 ] || echo es) at a time, data $data, results $out" \
+    "($(date '+%F %T'))"
 fi
 start=$(date +%s) cpu_total=0
 for r in "${ROWS[@]}"; do
