@@ -613,6 +613,21 @@ def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
         assert not code or no_cuda or any(a in err for a in missing), f"{doc}: python {script} {' '.join(argv)}\n{err}"
 
 
+def test_every_flag_the_docs_name_exists(monkeypatch):
+    """Every --flag the README and RESULTS.md name, in a command or in the text, is a flag of a script or tool (or
+    of reproduce.sh, or pytest's): a flag renamed since leaves no stale name behind."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    known = {"--data", "--dry-run", "--durations", "--dist"}  # reproduce.sh's own (the rest are the scripts'); pytest's
+    for module in [*SCRIPTS.values(), *(importlib.import_module(t) for t in TOOLS)]:
+        parser = parser_of(module)
+        parsers = [parser] + [sub for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                              for sub in a.choices.values()]  # and cifar_c_fidelity.py's subcommands
+        known |= {flag for p in parsers for a in p._actions for flag in a.option_strings}
+    text = "".join(open(os.path.join(ROOT, doc)).read() for doc in ["README.md", "RESULTS.md"])
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    assert len(named) > 80 and named <= known, sorted(named - known)
+
+
 def test_the_readme_lists_every_file():
     """The README's Files block names each script, module and shell script the repository holds at its top, each
     tool, and nothing that is not there (a file of your own beside them is not asked for)."""
