@@ -436,11 +436,16 @@ def test_help_shows_the_examples_and_every_flag_with_its_help():
         assert f"{flag} " in text and words in text, flag
 
 
-def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys):
+def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(monkeypatch, capsys, tmp_path):
     """Each flag's default and a value given; --jobs defaults to the cores (one where they are unknown); a file or a
-    function that is not a target is one line and exit code 2, and so is --jobs or --timeout below 1 or a negative
-    --sample. --change keeps the changes containing its text; --sample draws that many in file order (all of them when
-    it is 0 or more than there are)."""
+    function that is not a target is one line and exit code 2, and so is --jobs or --timeout below 1, a negative
+    --sample, or a report of --rerun or --skip that is missing, not JSON or not mutate.py's. --change keeps the changes
+    containing its text; --sample draws that many in file order (all of them when it is 0 or more than there are)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ["r.json", "a.json", "b.json"]:
+        (tmp_path / name).write_text('{"summary": {}, "mutants": []}')
+    (tmp_path / "bad.json").write_text('{"summary": {}, "mut')
+    (tmp_path / "foreign.json").write_text('{"mutants": [{"file": "common.py"}]}')
     args = mutate.parse_args([])
     assert vars(args) == {"files": list(mutate.TARGETS), "jobs": os.cpu_count() or 1, "timeout": 300,
                           "functions": None, "change": None, "list": False, "sample": 0, "sample_seed": 0,
@@ -460,7 +465,12 @@ def test_flags_take_their_defaults_and_values_and_refuse_what_is_not_a_target(mo
                          "--functions parity zzz: not a target of vits.py (TARGETS lists them)"),
                         (["--jobs", "0"], "--jobs must be at least 1, got 0"),
                         (["--timeout", "0"], "--timeout must be at least 1, got 0"),
-                        (["--sample", "-3"], "--sample must be at least 0, got -3")]:
+                        (["--sample", "-3"], "--sample must be at least 0, got -3"),
+                        (["--rerun", "none.json"], "--rerun none.json: not a report that mutate.py wrote (No such"),
+                        (["--skip", "a.json", "bad.json"], "--skip bad.json: not a report that mutate.py wrote "
+                                                           "(JSONDecodeError: Unterminated string"),
+                        (["--rerun", "foreign.json"], "--rerun foreign.json: not a report that mutate.py wrote "
+                                                      "(KeyError: 'killed')")]:
         with pytest.raises(SystemExit) as stop:
             mutate.parse_args(argv)
         assert stop.value.code == 2 and error in capsys.readouterr().err

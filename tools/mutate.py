@@ -359,6 +359,12 @@ def parse_args(argv=None):
     unknown = set(args.functions or []) - {n for ns in args.names.values() for n in ns}
     if unknown:
         p.error(f"--functions {' '.join(sorted(unknown))}: not a target of {' '.join(args.files)} (TARGETS lists them)")
+    for flag, report in [("--rerun", args.rerun)] * bool(args.rerun) + [("--skip", r) for r in args.skip]:
+        try:  # read now: a missing, damaged or foreign report is one line, not a traceback after the first check
+            named(report, survivors=flag == "--rerun")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+            p.error(f"{flag} {report}: not a report that mutate.py wrote ({why})")
     return args
 
 
