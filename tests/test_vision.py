@@ -1257,7 +1257,8 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
     the same models), each moved by |every patch - sampled| / s.e.; the times are the clock's (a stand-in), the
     sweep's as len(sigmas) times the check's. A move without error is 0 or infinitely many, and the summary counts
     the moves beyond 2. It refuses a checkpoint that is not the final model, a folder of two models, folders
-    without a ViT or with the ViT alone, a folder without metrics.json or checkpoint.pt, and --positions 0."""
+    without a ViT or with the ViT alone, a folder without metrics.json or checkpoint.pt, a damaged metrics.json or
+    another script's, and --positions 0."""
     import sampled_positions
 
     def train(model, seed, *extra):
@@ -1353,6 +1354,14 @@ def test_the_sampled_positions_tool_gives_what_a_run_sampling_those_positions_st
         with pytest.raises(SystemExit, match=f"^{folder}: no {need}: not a vision.py run folder saved with its "
                                              "checkpoint \\(--save-every\\)$"):
             tool(folder)
+    bad = tmp_path / "bad"  # a damaged metrics.json, and another script's: one line each
+    bad.mkdir()
+    (bad / "checkpoint.pt").touch()
+    for text, says in [("{bad", "is not a valid metrics.json"), ('{"script": "language", "runs": {}}',
+                                                                 "was written by language.py, not vision.py")]:
+        (bad / "metrics.json").write_text(text)
+        with pytest.raises(SystemExit, match=f"^{bad}: {bad}/metrics.json {says}"):
+            tool(str(bad))
     with pytest.raises(SystemExit, match="^2$"):
         tool(*every, "--positions", "0")
     assert "argument --positions: must be an integer >= 1, got 0" in capsys.readouterr().err

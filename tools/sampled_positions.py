@@ -13,7 +13,6 @@ One thread; needs the datasets the runs were trained on (their --data-dir).
 """
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -25,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import report  # noqa: E402
 import vision  # noqa: E402
 from common import paired_differences  # noqa: E402
-from runs import positive_int  # noqa: E402
+from runs import load_results, positive_int  # noqa: E402
 
 
 def stored_run(folder):
@@ -33,8 +32,10 @@ def stored_run(folder):
     for need in ["metrics.json", "checkpoint.pt"]:
         if not os.path.isfile(os.path.join(folder, need)):
             sys.exit(f"{folder}: no {need}: not a vision.py run folder saved with its checkpoint (--save-every)")
-    with open(os.path.join(folder, "metrics.json")) as fh:
-        data = json.load(fh)
+    try:
+        data = load_results(folder, "vision")  # a damaged or another script's metrics.json: one line that says so
+    except ValueError as e:
+        sys.exit(f"{folder}: {e}")
     if len(data["runs"]) != 1:
         sys.exit(f"{folder}: {len(data['runs'])} models in one folder; the checkpoint holds the last one only")
     (name, run), = data["runs"].items()
