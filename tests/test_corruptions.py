@@ -524,9 +524,20 @@ def test_the_fidelity_tables_cells_and_the_compare_command(tmp_path, monkeypatch
 
 
 def test_the_fidelity_tool_refuses_what_it_cannot_read_in_one_line(tmp_path, monkeypatch, capsys):
-    """No reference file, a folder without make_cifar_c.py, an unknown --only corruption, --images 0: exit 2 and one
-    line each; the reference command without the release's libraries (this environment has no scipy) says where it
-    runs."""
+    """No reference file, a damaged or foreign one (text, empty, a cut archive, an .npy, one without images), a folder
+    without make_cifar_c.py, an unknown --only corruption, --images 0: exit 2 and one line each; the reference command
+    without the release's libraries (this environment has no scipy) says where it runs."""
+    (tmp_path / "text.npz").write_text("not numpy")
+    (tmp_path / "empty.npz").write_text("")
+    (tmp_path / "cut.npz").write_bytes(open(FIXTURE, "rb").read()[:300])
+    np.save(tmp_path / "one.npy", np.zeros(2))
+    np.savez(tmp_path / "other.npz", x=np.zeros(2))
+    for name in ["text.npz", "empty.npz", "cut.npz", "one.npy", "other.npz"]:
+        for command in ["compare", "fixture"]:
+            with pytest.raises(SystemExit, match="^2$"):
+                fidelity_main(monkeypatch, capsys, command, str(tmp_path / name))
+            assert capsys.readouterr().err.splitlines()[-1].endswith(
+                f"{tmp_path / name}: not a file the reference command wrote (no .npz archive with its images)")
     for argv, says in [(["compare", "/no/ref.npz"], "/no/ref.npz: no such file (the reference command writes it)"),
                        (["fixture", "/no/ref.npz"], "/no/ref.npz: no such file (the reference command writes it)"),
                        (["reference", str(tmp_path)], f"{tmp_path}: no make_cifar_c.py (give ImageNet-C/create_c of "
@@ -592,10 +603,10 @@ def test_the_fidelity_tools_commands_their_defaults_and_help(tmp_path, monkeypat
     def main(*argv):
         return fidelity_main(monkeypatch, capsys, *argv)
 
-    create_c, ref = tmp_path / "create_c", str(tmp_path / "ref.npz")  # (each command first checks its input exists)
+    create_c, ref = tmp_path / "create_c", str(tmp_path / "ref.npz")  # (each command first checks its input)
     create_c.mkdir()
     (create_c / "make_cifar_c.py").write_text("")
-    open(ref, "w").close()
+    np.savez(ref, images=np.zeros((1, 32, 32, 3), np.uint8))
     main("reference", str(create_c))
     main("compare", ref)
     main("fixture", ref)

@@ -35,6 +35,7 @@ import math
 import os
 import sys
 import types
+import zipfile
 
 import numpy as np
 
@@ -332,6 +333,13 @@ def main():
         return
     if not os.path.isfile(args.reference):
         p.error(f"{args.reference}: no such file (the reference command writes it)")
+    try:  # a damaged or foreign file (an .npy, text): one line, not numpy's traceback
+        with np.load(args.reference) as ref:
+            has_images = "images" in ref.files
+    except (OSError, ValueError, EOFError, TypeError, AttributeError, zipfile.BadZipFile):
+        has_images = False
+    if not has_images:
+        p.error(f"{args.reference}: not a file the reference command wrote (no .npz archive with its images)")
     if args.command == "fixture" and args.images < 1:
         p.error(f"--images must be at least 1, got {args.images}")
     {"compare": compare, "fixture": fixture}[args.command](args)
