@@ -556,14 +556,18 @@ source() { :; }
 """
 
 
-TOOLS = ["mutate", "claims_cpu", "same_numbers", "sampled_positions", "cifar_c_fidelity"]
+def front_doors(monkeypatch):
+    """The scripts' modules and the tools' (every tools/*.py, imported from there)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    tools = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "tools")) if f.endswith(".py"))
+    return [*SCRIPTS.values(), *map(importlib.import_module, tools)]
 
 
-def docstring_commands():
-    """The commands the scripts' and tools' docstrings show (`python X.py ...` lines and their continuations), as the
-    bash block of a markdown text."""
+def docstring_commands(modules):
+    """The commands the modules' docstrings show (`python X.py ...` lines and their continuations), as the bash block
+    of a markdown text."""
     lines = []
-    for module in [*SCRIPTS.values(), *(importlib.import_module(t) for t in TOOLS)]:
+    for module in modules:
         going = False
         for line in module.__doc__.splitlines():
             going = going or re.match(r"\s+python \S+\.py", line)
@@ -593,8 +597,8 @@ def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
     tools, is taken by today's parser (no flag renamed or dropped since, every value of its type) and passes the
     script's own checks, where only a file or folder that the command names and this test lacks (or CUDA, on a
     machine without it) may stop it."""
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
-    text = docstring_commands() if doc == "docstrings" else open(os.path.join(ROOT, doc)).read()
+    modules = front_doors(monkeypatch)
+    text = docstring_commands(modules) if doc == "docstrings" else open(os.path.join(ROOT, doc)).read()
     commands = [c for c in shown_commands(text, tmp_path) if c[0] != "-m"]  # not python -m pytest
     assert len(commands) >= {"README.md": 8, "RESULTS.md": 100, "docstrings": 40}[doc]
     monkeypatch.chdir(tmp_path)  # so that out/... and DATA name nothing here
@@ -616,9 +620,8 @@ def test_every_command_the_docs_show_parses(doc, tmp_path, monkeypatch, capsys):
 def test_every_flag_the_docs_name_exists(monkeypatch):
     """Every --flag the README and RESULTS.md name, in a command or in the text, is a flag of a script or tool (or
     of reproduce.sh, or pytest's): a flag renamed since leaves no stale name behind."""
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
     known = {"--data", "--dry-run", "--durations", "--dist"}  # reproduce.sh's own (the rest are the scripts'); pytest's
-    for module in [*SCRIPTS.values(), *(importlib.import_module(t) for t in TOOLS)]:
+    for module in front_doors(monkeypatch):
         parser = parser_of(module)
         parsers = [parser] + [sub for a in parser._actions if isinstance(a, argparse._SubParsersAction)
                               for sub in a.choices.values()]  # and cifar_c_fidelity.py's subcommands
